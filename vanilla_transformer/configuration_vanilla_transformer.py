@@ -1,0 +1,105 @@
+"""Configuration of the Transformer of Vaswani et al. (2017), "Attention Is All You Need".
+
+Field names follow BART/Marian so every Hugging Face tool and converter knows them. The defaults are
+the paper's base model (Table 3) with its shared 37k BPE vocabulary (§5.1).
+"""
+
+from transformers.activations import ACT2FN
+from transformers.configuration_utils import PreTrainedConfig
+
+# Table 3 of the paper; `small` and `tiny` are ours, sized for a CPU.
+PRESETS = {
+    "base": dict(d_model=512, encoder_layers=6, decoder_layers=6, encoder_attention_heads=8,
+                 decoder_attention_heads=8, encoder_ffn_dim=2048, decoder_ffn_dim=2048, dropout=0.1),
+    "big": dict(d_model=1024, encoder_layers=6, decoder_layers=6, encoder_attention_heads=16,
+                decoder_attention_heads=16, encoder_ffn_dim=4096, decoder_ffn_dim=4096, dropout=0.3),
+    "small": dict(d_model=256, encoder_layers=3, decoder_layers=3, encoder_attention_heads=4,
+                  decoder_attention_heads=4, encoder_ffn_dim=1024, decoder_ffn_dim=1024, dropout=0.1),
+    "tiny": dict(d_model=64, encoder_layers=2, decoder_layers=2, encoder_attention_heads=4,
+                 decoder_attention_heads=4, encoder_ffn_dim=256, decoder_ffn_dim=256, dropout=0.1),
+}
+
+
+class VanillaTransformerConfig(PreTrainedConfig):
+    model_type = "vanilla_transformer"
+    attribute_map = {
+        "hidden_size": "d_model",
+        "num_attention_heads": "encoder_attention_heads",
+        "num_hidden_layers": "encoder_layers",
+    }
+
+    vocab_size: int = 37000
+    d_model: int = 512
+    encoder_layers: int = 6
+    decoder_layers: int = 6
+    encoder_attention_heads: int = 8
+    decoder_attention_heads: int = 8
+    encoder_ffn_dim: int = 2048
+    decoder_ffn_dim: int = 2048
+    activation_function: str = "relu"
+    # §5.4: residual dropout on every sublayer output and on the embedding + position sums.
+    dropout: float = 0.1
+    attention_dropout: float = 0.0
+    activation_dropout: float = 0.0
+    # §3.1 puts LayerNorm after each residual addition (post-LN); True moves it before the sublayer.
+    normalize_before: bool = False
+    # §3.4: embeddings are multiplied by sqrt(d_model).
+    scale_embedding: bool = True
+    layer_norm_eps: float = 1e-5
+    # §5.4: label smoothing of 0.1, applied inside the model's loss so it works with any collator.
+    label_smoothing: float = 0.1
+    init_std: float = 0.02
+    use_cache: bool = True
+    is_encoder_decoder: bool = True
+    tie_word_embeddings: bool = True
+    pad_token_id: int | None = 0
+    bos_token_id: int | None = 1
+    eos_token_id: int | None = 2
+    decoder_start_token_id: int | None = 1
+
+    def __post_init__(self, **kwargs):
+        super().__post_init__(**kwargs)
+        self._check()
+
+    @classmethod
+    def from_preset(cls, name: str, **overrides) -> "VanillaTransformerConfig":
+        """`base` and `big` are Table 3 of the paper; `small` and `tiny` fit a CPU."""
+        if name not in PRESETS:
+            raise ValueError(f"Unknown preset {name!r}; choose one of {sorted(PRESETS)}.")
+        return cls(**{**PRESETS[name], **overrides})
+
+    def _check(self):
+        sizes = ["vocab_size", "d_model", "encoder_layers", "decoder_layers", "encoder_attention_heads",
+                 "decoder_attention_heads", "encoder_ffn_dim", "decoder_ffn_dim"]
+        for name in sizes:
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int):
+                raise TypeError(f"`{name}` must be an int, got {value!r} ({type(value).__name__}).")
+            if value <= 0:
+                raise ValueError(f"`{name}` must be positive, got {value}.")
+        for heads in ["encoder_attention_heads", "decoder_attention_heads"]:
+            if self.d_model % getattr(self, heads):
+                raise ValueError(
+                    f"`d_model` ({self.d_model}) must be divisible by `{heads}` ({getattr(self, heads)})."
+                )
+        for name in ["dropout", "attention_dropout", "activation_dropout", "label_smoothing"]:
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 <= value < 1:
+                raise ValueError(f"`{name}` must be a number in [0, 1), got {value!r}.")
+        if self.activation_function not in ACT2FN:
+            raise ValueError(
+                f"Unknown `activation_function` {self.activation_function!r}; choose one of {sorted(ACT2FN)}."
+            )
+        if not isinstance(self.layer_norm_eps, (int, float)) or self.layer_norm_eps <= 0:
+            raise ValueError(f"`layer_norm_eps` must be a positive number, got {self.layer_norm_eps!r}.")
+        for name in ["pad_token_id", "bos_token_id", "eos_token_id", "decoder_start_token_id"]:
+            value = getattr(self, name)
+            if value is not None and (not isinstance(value, int) or not 0 <= value < self.vocab_size):
+                raise ValueError(
+                    f"`{name}` must be None or an id inside the vocabulary [0, {self.vocab_size}), got {value!r}."
+                )
+        if self.decoder_start_token_id is None and self.bos_token_id is None:
+            raise ValueError("Set `decoder_start_token_id` (or `bos_token_id`): the decoder needs a first token.")
+
+
+__all__ = ["VanillaTransformerConfig", "PRESETS"]
