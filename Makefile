@@ -1,0 +1,42 @@
+# Two commands on a fresh machine: `make demo` runs the main job, `make test` runs the tests.
+# Each sets up its own virtual environment first. TORCH picks the torch build: the default is the CPU
+# build this project's machines carry on disk; elsewhere e.g. `make test TORCH=torch`.
+PYTHON ?= python3
+TORCH ?= torch==2.13.0
+VENV := .venv
+OLDEST := .venv-oldest
+OLDEST_TRANSFORMERS := transformers==5.23.0
+
+.PHONY: test test-newest test-oldest demo bench clean
+
+$(VENV)/.installed: setup.py
+	$(PYTHON) -m venv $(VENV)
+	$(VENV)/bin/pip install -q --upgrade pip
+	$(VENV)/bin/pip install -q "$(TORCH)"
+	$(VENV)/bin/pip install -q -e ".[dev]"
+	touch $@
+
+# The oldest transformers we declare, for the model's numerical tests (5.24 changed how the cache reaches forward).
+$(OLDEST)/.installed: setup.py
+	$(PYTHON) -m venv $(OLDEST)
+	$(OLDEST)/bin/pip install -q --upgrade pip
+	$(OLDEST)/bin/pip install -q "$(TORCH)"
+	$(OLDEST)/bin/pip install -q -e ".[dev]" "$(OLDEST_TRANSFORMERS)"
+	touch $@
+
+test: test-newest test-oldest
+
+test-newest: $(VENV)/.installed
+	$(VENV)/bin/python -m pytest tests -q
+
+test-oldest: $(OLDEST)/.installed
+	$(OLDEST)/bin/python -m pytest tests/test_modeling.py tests/test_configuration.py -q
+
+demo: $(VENV)/.installed
+	$(VENV)/bin/python scripts/demo.py --output_dir demo_output
+
+bench: $(VENV)/.installed
+	$(VENV)/bin/python scripts/benchmark.py
+
+clean:
+	rm -rf $(VENV) $(OLDEST) demo_output

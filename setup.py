@@ -1,0 +1,22 @@
+from pathlib import Path
+
+from setuptools import find_packages, setup
+
+TRAIN = ["datasets>=3.0", "accelerate>=1.0", "evaluate>=0.4", "sacrebleu>=2.4", "tokenizers>=0.20",
+         "matplotlib>=3.7", "tensorboard>=2.14", "tqdm>=4.60"]
+
+setup(
+    name="vanilla-transformer",
+    version="0.1.0",
+    description='The Transformer of "Attention Is All You Need" (Vaswani et al., 2017) as a Hugging Face '
+                "transformers model, with the paper's training recipe.",
+    long_description=Path(__file__).with_name("README.md").read_text(encoding="utf-8"),
+    long_description_content_type="text/markdown",
+    license="Apache-2.0",
+    packages=find_packages(include=["vanilla_transformer", "vanilla_transformer.*"]),
+    python_requires=">=3.10",
+    # transformers moves its internals between minor releases: CI tests the oldest and newest we declare.
+    install_requires=["torch>=2.4", "transformers>=5.23,<6", "safetensors>=0.4"],
+    extras_require={"train": TRAIN, "dev": TRAIN + ["pytest>=8"]},
+    classifiers=["Programming Language :: Python :: 3", "Topic :: Scientific/Engineering :: Artificial Intelligence"],
+)

@@ -1,0 +1,58 @@
+import os
+
+# Tests never reach the Hub: every model, tokenizer, metric and dataset is built locally.
+os.environ["HF_HUB_OFFLINE"] = "1"
+os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
+os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+
+import pytest  # noqa: E402
+import torch  # noqa: E402
+
+from vanilla_transformer import VanillaTransformerConfig, VanillaTransformerForConditionalGeneration  # noqa: E402
+
+VOCAB = 48
+
+
+def tiny_config(**overrides) -> VanillaTransformerConfig:
+    """A 2+2-layer model with a 48-token vocabulary; dropout off so outputs are deterministic."""
+    values = dict(vocab_size=VOCAB, d_model=32, encoder_layers=2, decoder_layers=2, encoder_attention_heads=4,
+                  decoder_attention_heads=4, encoder_ffn_dim=64, decoder_ffn_dim=64, dropout=0.0,
+                  label_smoothing=0.0)
+    return VanillaTransformerConfig(**{**values, **overrides})
+
+
+def tiny_model(seed=0, **overrides) -> VanillaTransformerForConditionalGeneration:
+    torch.manual_seed(seed)
+    return VanillaTransformerForConditionalGeneration(tiny_config(**overrides)).eval()
+
+
+def random_batch(batch=3, source_length=7, target_length=6, seed=1, pad_rows=True):
+    """Random ids above the special tokens, with right-padding of different lengths in the source."""
+    generator = torch.Generator().manual_seed(seed)
+    input_ids = torch.randint(4, VOCAB, (batch, source_length), generator=generator)
+    attention_mask = torch.ones_like(input_ids)
+    if pad_rows:
+        for row in range(1, batch):
+            keep = max(1, source_length - 2 * row)
+            attention_mask[row, keep:] = 0
+            input_ids[row, keep:] = 0
+    labels = torch.randint(4, VOCAB, (batch, target_length), generator=generator)
+    return input_ids, attention_mask, labels
+
+
+@pytest.fixture(params=[False, True], ids=["post_ln", "pre_ln"])
+def normalize_before(request):
+    return request.param
+
+
+def tiny_tokenizer():
+    """A word-level tokenizer over the tiny vocabulary: `w4 w5 ...` map to ids 4, 5, ..., eos appended."""
+    from tokenizers import Tokenizer, models, pre_tokenizers, processors
+    from transformers import PreTrainedTokenizerFast
+
+    vocab = {"<pad>": 0, "<s>": 1, "</s>": 2, "<unk>": 3, **{f"w{i}": i for i in range(4, VOCAB)}}
+    backend = Tokenizer(models.WordLevel(vocab, unk_token="<unk>"))
+    backend.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
+    backend.post_processor = processors.TemplateProcessing(single="$A </s>", special_tokens=[("</s>", 2)])
+    return PreTrainedTokenizerFast(tokenizer_object=backend, pad_token="<pad>", bos_token="<s>", eos_token="</s>",
+                                   unk_token="<unk>")

@@ -1,0 +1,109 @@
+import math
+import os
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+
+import numpy as np
+import pytest
+from tokenizers import Tokenizer, models, pre_tokenizers
+from transformers import EvalPrediction, PreTrainedTokenizerFast
+
+from vanilla_transformer.metrics import (
+    bleu_signature,
+    build_compute_metrics,
+    chrf_signature,
+    corpus_scores,
+    load_bleu_metric,
+)
+
+HYPS = ["the cat sat on the mat", "hello world"]
+REFS = ["the cat sat on the red mat", "hello world"]
+
+
+def word_tokenizer():
+    words = ["[PAD]", "[UNK]", "</s>", "the", "cat", "sat", "on", "mat", "hello", "world"]
+    tok = Tokenizer(models.WordLevel({w: i for i, w in enumerate(words)}, unk_token="[UNK]"))
+    tok.pre_tokenizer = pre_tokenizers.Whitespace()
+    return PreTrainedTokenizerFast(tokenizer_object=tok, pad_token="[PAD]", unk_token="[UNK]", eos_token="</s>")
+
+
+def test_identical_corpus_scores_100():
+    scores = corpus_scores(REFS, REFS)
+    assert scores["bleu"] == pytest.approx(100.0, abs=1e-9)
+    assert scores["chrf"] == pytest.approx(100.0, abs=1e-9)
+
+
+def test_bleu_by_hand():
+    # Corpus BLEU sums n-gram statistics over sentences before dividing (not a mean of sentence BLEUs).
+    # hyp 1 "the cat sat on the mat" vs ref "the cat sat on the red mat":
+    #   1-grams 6/6 (both "the" clipped to the ref's two), 2-grams 4/5 ("the mat" missing),
+    #   3-grams 3/4 ("on the mat" missing), 4-grams 2/3 ("sat on the mat" missing).
+    # hyp 2 "hello world" == ref: 1-grams 2/2, 2-grams 1/1, no 3- or 4-grams.
+    # Corpus: p1 = 8/8, p2 = 5/6, p3 = 3/4, p4 = 2/3; geometric mean = (1 * 5/6 * 3/4 * 2/3)^(1/4) = (5/12)^(1/4).
+    # Lengths c = 8, r = 9, so BP = exp(1 - r/c) = exp(-1/8). No zero counts, so smoothing is not involved.
+    expected = 100 * (5 / 12) ** 0.25 * math.exp(-1 / 8)  # 70.9023...
+    assert corpus_scores(HYPS, REFS)["bleu"] == pytest.approx(expected, abs=1e-6)
+
+
+def test_chrf_is_a_percentage():
+    assert corpus_scores(["abc"], ["xyz"])["chrf"] == 0.0
+    assert 0.0 < corpus_scores(HYPS, REFS)["chrf"] < 100.0
+
+
+def test_signatures_name_the_settings():
+    scores = corpus_scores(HYPS, REFS)
+    assert scores["bleu_signature"] == bleu_signature()
+    assert scores["chrf_signature"] == chrf_signature()
+    assert scores["bleu_signature"].startswith("nrefs:1|case:mixed|eff:no|tok:13a|smooth:exp|version:")
+    assert scores["chrf_signature"].startswith("nrefs:1|")
+
+
+def test_multiple_references_per_hypothesis():
+    scores = corpus_scores(HYPS, [[r, "something else"] for r in REFS])
+    assert scores["bleu_signature"].startswith("nrefs:2|")
+    assert scores["bleu"] >= corpus_scores(HYPS, REFS)["bleu"]
+
+
+def test_corpus_scores_validates_input():
+    with pytest.raises(ValueError, match="2 hypotheses but 1 references"):
+        corpus_scores(HYPS, REFS[:1])
+    with pytest.raises(ValueError, match="empty"):
+        corpus_scores([], [])
+
+
+def test_compute_metrics_decodes_around_minus_100():
+    tok = word_tokenizer()
+    # Generated rows: decoder start (= pad 0), tokens, EOS (2), pad; Trainer pads short batches with -100.
+    predictions = np.array(
+        [
+            [0, 3, 4, 5, 6, 7, 2, 0],  # "the cat sat on mat"
+            [0, 8, 9, 2, 0, 0, -100, -100],  # "hello world"
+        ]
+    )
+    labels = np.array(
+        [
+            [3, 4, 5, 6, 3, 7, 2, -100],  # "the cat sat on the mat"
+            [8, 9, 2, -100, -100, -100, -100, -100],  # "hello world"
+        ]
+    )
+    result = build_compute_metrics(tok)(EvalPrediction(predictions=predictions, label_ids=labels))
+    hyps, refs = ["the cat sat on mat", "hello world"], ["the cat sat on the mat", "hello world"]
+    expected = corpus_scores(hyps, refs)
+    assert expected["bleu"] != corpus_scores(refs, hyps)["bleu"]  # BP makes a swap visible
+    # gen_len counts non-pad ids per row: (6 + 3) / 2.
+    assert result == {"bleu": pytest.approx(expected["bleu"]), "chrf": pytest.approx(expected["chrf"]), "gen_len": 4.5}
+    assert all(type(v) is float for v in result.values())  # Trainer logs these
+
+
+def test_evaluate_local_module_equals_corpus_scores(tmp_path):
+    metric = load_bleu_metric(cache_dir=str(tmp_path))
+    assert metric.name == "local_sacre_bleu"
+    direct = corpus_scores(HYPS, REFS)
+    result = metric.compute(predictions=HYPS, references=[[r] for r in REFS])
+    assert result["score"] == direct["bleu"]
+    assert result["signature"] == direct["bleu_signature"]
+    assert (result["sys_len"], result["ref_len"], result["counts"]) == (8, 9, [8, 5, 3, 2])
+    # Batches accumulate like any evaluate metric; plain-string references are accepted too.
+    metric.add_batch(predictions=HYPS[:1], references=REFS[:1])
+    metric.add_batch(predictions=HYPS[1:], references=REFS[1:])
+    assert metric.compute()["score"] == direct["bleu"]

@@ -1,0 +1,453 @@
+"""The model's promises, proven numerically on random inputs for both LayerNorm placements."""
+
+import json
+import math
+
+import pytest
+import torch
+from safetensors import safe_open
+from transformers import (
+    AutoConfig,
+    AutoModel,
+    AutoModelForSeq2SeqLM,
+    DataCollatorForSeq2Seq,
+    GenerationConfig,
+    Trainer,
+    TrainingArguments,
+)
+
+from conftest import VOCAB, random_batch, tiny_config, tiny_model, tiny_tokenizer
+from vanilla_transformer import (
+    VanillaTransformerConfig,
+    VanillaTransformerForConditionalGeneration,
+    VanillaTransformerModel,
+)
+from vanilla_transformer.modeling_vanilla_transformer import CACHE_FIELD, SinusoidalPositionalEncoding
+
+ATOL = 1e-5  # float32 on CPU; observed differences are about 1e-6
+
+
+def logits(model, input_ids, attention_mask, decoder_input_ids, **kwargs):
+    with torch.no_grad():
+        return model(input_ids=input_ids, attention_mask=attention_mask, decoder_input_ids=decoder_input_ids,
+                     use_cache=False, **kwargs).logits
+
+
+# §3.5 positional encoding ------------------------------------------------------------------------------
+
+def test_positional_encoding_is_the_papers_formula_at_any_length():
+    d_model = 10
+    positions = torch.tensor([0, 1, 2, 7, 513, 100_000])  # far past any table a model might keep
+    table = SinusoidalPositionalEncoding(d_model)(positions)
+    for row, pos in enumerate(positions.tolist()):
+        for i in range(d_model // 2):
+            angle = pos / 10000 ** (2 * i / d_model)
+            assert table[row, 2 * i].item() == pytest.approx(math.sin(angle), abs=2e-3 if pos > 1000 else 1e-5)
+            assert table[row, 2 * i + 1].item() == pytest.approx(math.cos(angle), abs=2e-3 if pos > 1000 else 1e-5)
+
+
+def test_sequences_longer_than_any_preset_length_run():
+    model = tiny_model()
+    input_ids = torch.randint(4, VOCAB, (1, 1500))
+    out = logits(model, input_ids, torch.ones_like(input_ids), torch.ones(1, 3, dtype=torch.long))
+    assert torch.isfinite(out).all()
+
+
+# §3.2 masks -------------------------------------------------------------------------------------------
+
+def test_right_padding_does_not_change_real_tokens(normalize_before):
+    model = tiny_model(normalize_before=normalize_before)
+    input_ids, _, labels = random_batch(batch=1, pad_rows=False)
+    decoder_input_ids = model.prepare_decoder_input_ids_from_labels(labels)
+    plain = model(input_ids=input_ids, decoder_input_ids=decoder_input_ids)
+    padded_ids = torch.cat([input_ids, torch.zeros(1, 4, dtype=torch.long)], dim=1)
+    padded_mask = torch.cat([torch.ones_like(input_ids), torch.zeros(1, 4, dtype=torch.long)], dim=1)
+    padded_decoder = torch.cat([decoder_input_ids, torch.zeros(1, 3, dtype=torch.long)], dim=1)
+    padded = model(input_ids=padded_ids, attention_mask=padded_mask, decoder_input_ids=padded_decoder)
+    length, target_length = input_ids.shape[1], decoder_input_ids.shape[1]
+    torch.testing.assert_close(padded.encoder_last_hidden_state[:, :length], plain.encoder_last_hidden_state,
+                               atol=ATOL, rtol=0)
+    torch.testing.assert_close(padded.logits[:, :target_length], plain.logits, atol=ATOL, rtol=0)
+
+
+def test_encoder_sees_the_whole_source_and_decoder_only_the_past(normalize_before):
+    model = tiny_model(normalize_before=normalize_before)
+    input_ids, _, labels = random_batch(batch=1, pad_rows=False)
+    decoder_input_ids = model.prepare_decoder_input_ids_from_labels(labels)
+    base = model(input_ids=input_ids, decoder_input_ids=decoder_input_ids)
+    changed_source = input_ids.clone()
+    changed_source[0, -1] = (changed_source[0, -1] + 1 - 4) % (VOCAB - 4) + 4
+    after = model(input_ids=changed_source, decoder_input_ids=decoder_input_ids)
+    # Not causal: the first source position reacts to a change in the last one.
+    assert (after.encoder_last_hidden_state[0, 0] - base.encoder_last_hidden_state[0, 0]).abs().max() > 1e-4
+    changed_target = decoder_input_ids.clone()
+    changed_target[0, 3] = (changed_target[0, 3] + 1 - 4) % (VOCAB - 4) + 4
+    after = model(input_ids=input_ids, decoder_input_ids=changed_target)
+    # Causal: positions before the change are untouched, the changed one and later ones move.
+    torch.testing.assert_close(after.logits[0, :3], base.logits[0, :3], atol=ATOL, rtol=0)
+    assert (after.logits[0, 3:] - base.logits[0, 3:]).abs().max() > 1e-4
+
+
+def test_eager_and_sdpa_give_the_same_logits(normalize_before):
+    model = tiny_model(normalize_before=normalize_before)
+    input_ids, attention_mask, labels = random_batch()
+    decoder_input_ids = model.prepare_decoder_input_ids_from_labels(labels)
+    sdpa = logits(model, input_ids, attention_mask, decoder_input_ids)
+    model.set_attn_implementation("eager")
+    eager = logits(model, input_ids, attention_mask, decoder_input_ids)
+    torch.testing.assert_close(eager, sdpa, atol=ATOL, rtol=0)
+
+
+def test_attention_weights_need_eager_and_are_returned_by_it():
+    model = tiny_model()
+    input_ids, attention_mask, labels = random_batch()
+    with pytest.raises(ValueError, match="eager"):
+        model(input_ids=input_ids, attention_mask=attention_mask, labels=labels, output_attentions=True)
+    model.set_attn_implementation("eager")
+    out = model(input_ids=input_ids, attention_mask=attention_mask, labels=labels, output_attentions=True)
+    assert out.encoder_attentions[0].shape == (3, 4, 7, 7)
+    assert out.cross_attentions[-1].shape == (3, 4, 6, 7)
+    # Padded source positions get no attention.
+    assert out.cross_attentions[0][2, :, :, 3:].abs().max() == 0
+    torch.testing.assert_close(out.decoder_attentions[0].sum(-1), torch.ones(3, 4, 6))
+
+
+# Incremental decoding ---------------------------------------------------------------------------------
+
+def test_cached_step_by_step_decoding_equals_the_full_forward(normalize_before):
+    model = tiny_model(normalize_before=normalize_before)
+    input_ids, attention_mask, labels = random_batch()
+    decoder_input_ids = model.prepare_decoder_input_ids_from_labels(labels)
+    full = logits(model, input_ids, attention_mask, decoder_input_ids)
+    with torch.no_grad():
+        encoder_outputs = model.get_encoder()(input_ids=input_ids, attention_mask=attention_mask)
+        cache, steps = None, []
+        for t in range(decoder_input_ids.shape[1]):
+            out = model(encoder_outputs=encoder_outputs, attention_mask=attention_mask,
+                        decoder_input_ids=decoder_input_ids[:, t:t + 1], cache=cache, use_cache=True)
+            cache = getattr(out, CACHE_FIELD)
+            steps.append(out.logits)
+    assert cache.get_seq_length() == decoder_input_ids.shape[1]
+    torch.testing.assert_close(torch.cat(steps, dim=1), full, atol=ATOL, rtol=0)
+
+
+def test_the_cache_is_also_accepted_as_past_key_values():
+    model = tiny_model()
+    input_ids, attention_mask, labels = random_batch()
+    decoder_input_ids = model.prepare_decoder_input_ids_from_labels(labels)
+    full = logits(model, input_ids, attention_mask, decoder_input_ids)
+    with torch.no_grad():
+        first = model(input_ids=input_ids, attention_mask=attention_mask, decoder_input_ids=decoder_input_ids[:, :4],
+                      use_cache=True)
+        rest = model(input_ids=input_ids, attention_mask=attention_mask, decoder_input_ids=decoder_input_ids[:, 4:],
+                     past_key_values=getattr(first, CACHE_FIELD), use_cache=True)
+    torch.testing.assert_close(rest.logits, full[:, 4:], atol=ATOL, rtol=0)
+
+
+@pytest.mark.parametrize(
+    "settings",
+    [dict(num_beams=1), dict(num_beams=4, num_return_sequences=2), dict(do_sample=True, num_beams=1, top_k=0)],
+    ids=["greedy", "beam4", "sampling"],
+)
+def test_generation_is_identical_with_and_without_cache(settings, normalize_before):
+    model = tiny_model(normalize_before=normalize_before)
+    input_ids, attention_mask, _ = random_batch()
+    outputs = []
+    for use_cache in (True, False):
+        torch.manual_seed(123)
+        outputs.append(model.generate(input_ids=input_ids, attention_mask=attention_mask, max_new_tokens=12,
+                                      use_cache=use_cache, return_dict_in_generate=True, output_scores=True,
+                                      **settings))
+    cached, uncached = outputs
+    assert cached.sequences.shape[1] > 5
+    torch.testing.assert_close(cached.sequences, uncached.sequences, atol=0, rtol=0)
+    torch.testing.assert_close(torch.stack(cached.scores), torch.stack(uncached.scores), atol=1e-4, rtol=0)
+
+
+def test_static_cache_generates_like_the_dynamic_one():
+    model = tiny_model()
+    input_ids, attention_mask, _ = random_batch()
+    dynamic = model.generate(input_ids=input_ids, attention_mask=attention_mask, max_new_tokens=10, num_beams=3)
+    static = model.generate(input_ids=input_ids, attention_mask=attention_mask, max_new_tokens=10, num_beams=3,
+                            cache_implementation="static")
+    torch.testing.assert_close(static, dynamic, atol=0, rtol=0)
+
+
+def test_generation_defaults_are_the_papers():
+    model = tiny_model()
+    config = model.generation_config
+    assert (config.num_beams, config.length_penalty, config.max_new_tokens_over_input) == (4, 0.6, 50)
+    input_ids, attention_mask, _ = random_batch()
+    # With eos never reachable, the output stops at the budget: input length + 50 new tokens (+ start token).
+    out = model.generate(input_ids=input_ids, attention_mask=attention_mask, suppress_tokens=[2])
+    assert out.shape[1] == input_ids.shape[1] + 50 + 1
+    assert model.generate(input_ids=input_ids, attention_mask=attention_mask, max_new_tokens=3).shape[1] == 4
+
+
+def test_model_can_generate():
+    assert VanillaTransformerForConditionalGeneration.can_generate()
+
+
+# Saving and loading -----------------------------------------------------------------------------------
+
+def test_saved_model_reloads_with_identical_logits_and_generations(tmp_path, normalize_before):
+    model = tiny_model(normalize_before=normalize_before)
+    model.generation_config.num_beams = 3
+    input_ids, attention_mask, labels = random_batch()
+    decoder_input_ids = model.prepare_decoder_input_ids_from_labels(labels)
+    model.save_pretrained(tmp_path)
+    loaded = AutoModelForSeq2SeqLM.from_pretrained(tmp_path).eval()
+    assert type(loaded) is VanillaTransformerForConditionalGeneration
+    torch.testing.assert_close(logits(loaded, input_ids, attention_mask, decoder_input_ids),
+                               logits(model, input_ids, attention_mask, decoder_input_ids), atol=0, rtol=0)
+    generate = dict(input_ids=input_ids, attention_mask=attention_mask, max_new_tokens=10)
+    torch.testing.assert_close(loaded.generate(**generate), model.generate(**generate), atol=0, rtol=0)
+    assert loaded.generation_config.num_beams == 3
+
+
+def test_the_shared_embedding_is_stored_once_and_stays_tied(tmp_path):
+    model = tiny_model()
+    model.save_pretrained(tmp_path)
+    with safe_open(tmp_path / "model.safetensors", "pt") as weights:
+        names = list(weights.keys())
+    assert [n for n in names if "embed" in n or "shared" in n or "lm_head" in n] == ["model.shared.weight"]
+    loaded = AutoModelForSeq2SeqLM.from_pretrained(tmp_path)
+    shared = loaded.model.shared.weight
+    assert loaded.lm_head.weight is shared
+    assert loaded.model.encoder.embed_tokens.weight is shared and loaded.model.decoder.embed_tokens.weight is shared
+
+
+def test_saved_folder_has_config_with_auto_map_and_code(tmp_path):
+    tiny_model().save_pretrained(tmp_path)
+    config = json.loads((tmp_path / "config.json").read_text())
+    assert config["auto_map"]["AutoModelForSeq2SeqLM"].endswith("VanillaTransformerForConditionalGeneration")
+    assert (tmp_path / "modeling_vanilla_transformer.py").exists()
+    assert (tmp_path / "configuration_vanilla_transformer.py").exists()
+
+
+def test_a_truncated_checkpoint_fails_clearly(tmp_path):
+    tiny_model().save_pretrained(tmp_path)
+    weights = tmp_path / "model.safetensors"
+    weights.write_bytes(weights.read_bytes()[:1000])
+    with pytest.raises(Exception, match="(?i)safetensor|header|deserializ|incomplete"):
+        AutoModelForSeq2SeqLM.from_pretrained(tmp_path)
+
+
+def test_a_checkpoint_of_another_shape_fails_clearly(tmp_path):
+    tiny_model().save_pretrained(tmp_path)
+    config = json.loads((tmp_path / "config.json").read_text())
+    config["encoder_ffn_dim"] = 128
+    (tmp_path / "config.json").write_text(json.dumps(config))
+    with pytest.raises(Exception, match="(?i)mismatch"):
+        AutoModelForSeq2SeqLM.from_pretrained(tmp_path)
+
+
+def test_auto_classes_and_from_config_round_trip(tmp_path):
+    model = tiny_model()
+    model.save_pretrained(tmp_path)
+    config = AutoConfig.from_pretrained(tmp_path)
+    assert isinstance(config, VanillaTransformerConfig)
+    base = AutoModel.from_pretrained(tmp_path)
+    assert type(base) is VanillaTransformerModel
+    torch.testing.assert_close(base.shared.weight, model.model.shared.weight, atol=0, rtol=0)
+    fresh = AutoModelForSeq2SeqLM.from_config(config)
+    assert type(fresh) is VanillaTransformerForConditionalGeneration
+    assert fresh.lm_head.weight is fresh.model.shared.weight
+
+
+def test_resizing_the_vocabulary_keeps_every_tie():
+    model = tiny_model()
+    model.resize_token_embeddings(VOCAB + 16)
+    shared = model.get_input_embeddings().weight
+    assert shared.shape[0] == VOCAB + 16 and model.config.vocab_size == VOCAB + 16
+    assert model.lm_head.weight is shared
+    assert model.model.encoder.embed_tokens.weight is shared and model.model.decoder.embed_tokens.weight is shared
+    out = model(input_ids=torch.tensor([[VOCAB + 10, 5]]), labels=torch.tensor([[VOCAB + 15]]))
+    assert out.logits.shape[-1] == VOCAB + 16
+
+
+# Training ---------------------------------------------------------------------------------------------
+
+def test_loss_is_label_smoothed_cross_entropy_over_real_labels():
+    model = tiny_model(label_smoothing=0.1)
+    input_ids, attention_mask, labels = random_batch()
+    labels[0, -2:] = -100
+    out = model(input_ids=input_ids, attention_mask=attention_mask, labels=labels)
+    real = labels != -100
+    log_probs = out.logits.float().log_softmax(-1)[real]
+    targets = labels[real]
+    nll = -log_probs.gather(-1, targets[:, None]).squeeze(-1)
+    smooth = -log_probs.mean(-1)
+    expected = (0.9 * nll + 0.1 * smooth).mean()
+    torch.testing.assert_close(out.loss, expected, atol=1e-6, rtol=0)
+    summed = model(input_ids=input_ids, attention_mask=attention_mask, labels=labels,
+                   num_items_in_batch=torch.tensor(real.sum().item() * 2))
+    torch.testing.assert_close(summed.loss, expected / 2, atol=1e-6, rtol=0)
+
+
+def test_collator_builds_decoder_inputs_from_labels():
+    model = tiny_model()
+    collator = DataCollatorForSeq2Seq(tiny_tokenizer(), model=model, label_pad_token_id=-100)
+    features = [{"input_ids": [5, 6, 2], "labels": [7, 8, 2]}, {"input_ids": [9, 2], "labels": [11, 12, 13, 2]}]
+    batch = collator(features, return_tensors="pt")
+    assert batch["input_ids"].tolist() == [[5, 6, 2], [9, 2, 0]]
+    assert batch["labels"].tolist() == [[7, 8, 2, -100], [11, 12, 13, 2]]
+    assert batch["decoder_input_ids"].tolist() == [[1, 7, 8, 2], [1, 11, 12, 13]]
+
+
+class _Pairs(torch.utils.data.Dataset):
+    def __init__(self, n=8, seed=3):
+        generator = torch.Generator().manual_seed(seed)
+        self.items = []
+        for i in range(n):
+            src = torch.randint(4, VOCAB, (3 + i % 4,), generator=generator).tolist() + [2]
+            tgt = torch.randint(4, VOCAB, (2 + i % 5,), generator=generator).tolist() + [2]
+            self.items.append({"input_ids": src, "attention_mask": [1] * len(src), "labels": tgt})
+
+    def __len__(self):
+        return len(self.items)
+
+    def __getitem__(self, i):
+        return self.items[i]
+
+
+def _train_one_step(tmp_path, batch_size, accumulation):
+    model = tiny_model(seed=4, label_smoothing=0.1).train()
+    args = TrainingArguments(output_dir=str(tmp_path / f"run{batch_size}"), per_device_train_batch_size=batch_size,
+                             gradient_accumulation_steps=accumulation, max_steps=1, learning_rate=0.5,
+                             # SGD: the update is the gradient itself; Adam would blow up float noise in the
+                             # key biases, whose true gradient is zero (softmax ignores a per-row shift).
+                             optim="sgd",
+                             report_to="none", use_cpu=True, save_strategy="no", logging_strategy="no",
+                             dataloader_drop_last=False, seed=0, data_seed=0)
+    collator = DataCollatorForSeq2Seq(tiny_tokenizer(), model=model, label_pad_token_id=-100)
+
+    class Sequential(Trainer):  # the same examples in the same order for both runs
+        def _get_train_sampler(self, *args, **kwargs):
+            return torch.utils.data.SequentialSampler(self.train_dataset)
+
+    Sequential(model=model, args=args, train_dataset=_Pairs(), data_collator=collator).train()
+    return model
+
+
+def test_gradient_accumulation_2x4_trains_like_one_batch_of_8(tmp_path):
+    accumulated = _train_one_step(tmp_path, batch_size=4, accumulation=2)
+    whole = _train_one_step(tmp_path, batch_size=8, accumulation=1)
+    untrained = tiny_model(seed=4)
+    moved = max((a - u).abs().max().item() for a, u in zip(whole.parameters(), untrained.parameters()))
+    assert moved > 1e-3  # the step really changed the weights
+    for (name, a), b in zip(accumulated.named_parameters(), whole.parameters()):
+        torch.testing.assert_close(a, b, atol=2e-6, rtol=0, msg=name)
+
+
+def test_gradient_checkpointing_gives_the_same_gradients(normalize_before):
+    input_ids, attention_mask, labels = random_batch()
+    grads = []
+    for checkpointing in (False, True):
+        model = tiny_model(normalize_before=normalize_before, dropout=0.0).train()
+        if checkpointing:
+            model.activation_checkpointing_enable(activation_checkpointing_kwargs={"use_reentrant": False})
+        model(input_ids=input_ids, attention_mask=attention_mask, labels=labels).loss.backward()
+        grads.append({n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None})
+    assert grads[0].keys() == grads[1].keys() and len(grads[0]) > 10
+    for name in grads[0]:
+        torch.testing.assert_close(grads[1][name], grads[0][name], atol=1e-6, rtol=0, msg=name)
+
+
+def test_a_tiny_model_learns_to_copy_random_sequences():
+    """The classic sanity task: after a few hundred steps greedy decoding copies unseen sequences exactly."""
+    torch.manual_seed(0)
+    config = tiny_config(vocab_size=14, d_model=64, encoder_ffn_dim=128, decoder_ffn_dim=128, dropout=0.0)
+    model = VanillaTransformerForConditionalGeneration(config)
+    optimizer = torch.optim.Adam(model.parameters(), lr=2e-3, betas=(0.9, 0.98), eps=1e-9)
+    # Post-LN needs a warm-up (§5.3): 50 steps up, then inverse square-root decay.
+    schedule = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: min((step + 1) / 50, (50 / (step + 1)) ** 0.5))
+
+    def batch(n, generator):
+        body = torch.randint(4, 14, (n, 8), generator=generator)
+        ids = torch.cat([body, torch.full((n, 1), 2)], dim=1)  # source and target end in eos
+        return ids, ids.clone()
+
+    train_generator = torch.Generator().manual_seed(1)
+    model.train()
+    for _ in range(300):
+        input_ids, labels = batch(64, train_generator)
+        loss = model(input_ids=input_ids, labels=labels).loss
+        optimizer.zero_grad()
+        loss.backward()
+        optimizer.step()
+        schedule.step()
+    model.eval()
+    input_ids, labels = batch(100, torch.Generator().manual_seed(99))
+    out = model.generate(input_ids=input_ids, num_beams=1, max_new_tokens=9)
+    exact = (out[:, 1:10] == labels).all(dim=1).float().mean().item()
+    assert exact >= 0.95, f"only {exact:.0%} of unseen sequences copied exactly"
+
+
+# Bad input --------------------------------------------------------------------------------------------
+
+def test_out_of_vocabulary_ids_name_the_id():
+    model = tiny_model()
+    with pytest.raises(ValueError, match=f"id {VOCAB + 3}.*vocabulary"):
+        model(input_ids=torch.tensor([[5, VOCAB + 3]]), decoder_input_ids=torch.tensor([[1]]))
+    with pytest.raises(ValueError, match="id -7"):
+        model(input_ids=torch.tensor([[5, 6]]), decoder_input_ids=torch.tensor([[1, -7]]))
+    with pytest.raises(ValueError, match="labels.*id 999"):
+        model(input_ids=torch.tensor([[5, 6]]), labels=torch.tensor([[999, -100]]))
+
+
+def test_a_mismatched_attention_mask_is_refused():
+    model = tiny_model()
+    with pytest.raises(ValueError, match=r"attention_mask.*\(2, 5\).*\(2, 4\)"):
+        model(input_ids=torch.ones(2, 4, dtype=torch.long) * 5, attention_mask=torch.ones(2, 5, dtype=torch.long),
+              decoder_input_ids=torch.ones(2, 1, dtype=torch.long))
+
+
+@pytest.mark.parametrize("shape", [(0, 5), (2, 0)])
+def test_an_empty_batch_is_refused(shape):
+    model = tiny_model()
+    with pytest.raises(ValueError, match="empty"):
+        model(input_ids=torch.zeros(shape, dtype=torch.long), decoder_input_ids=torch.ones(2, 1, dtype=torch.long))
+
+
+def test_float_ids_are_refused_with_their_dtype():
+    model = tiny_model()
+    with pytest.raises(TypeError, match="torch.float32"):
+        model(input_ids=torch.ones(1, 3), decoder_input_ids=torch.ones(1, 1, dtype=torch.long))
+
+
+@pytest.mark.parametrize("implementation", ["sdpa", "eager"])
+def test_a_row_that_is_all_padding_gives_finite_outputs(implementation):
+    model = tiny_model()
+    model.set_attn_implementation(implementation)
+    input_ids, attention_mask, labels = random_batch()
+    input_ids[1], attention_mask[1] = 0, 0
+    out = model(input_ids=input_ids, attention_mask=attention_mask, labels=labels)
+    assert torch.isfinite(out.logits).all() and torch.isfinite(out.loss)
+    out.loss.backward()
+    assert all(torch.isfinite(p.grad).all() for p in model.parameters() if p.grad is not None)
+    generated = model.generate(input_ids=input_ids, attention_mask=attention_mask, max_new_tokens=5)
+    assert generated.shape == (3, 6)
+    # The other rows are unaffected by the empty one.
+    alone = model.generate(input_ids=input_ids[[0, 2]], attention_mask=attention_mask[[0, 2]], max_new_tokens=5)
+    torch.testing.assert_close(generated[[0, 2]], alone, atol=0, rtol=0)
+
+
+def test_cache_passed_twice_is_refused():
+    model = tiny_model()
+    input_ids, attention_mask, labels = random_batch()
+    start = torch.ones(3, 1, dtype=torch.long)
+    with torch.no_grad():
+        one, other = (getattr(model(input_ids=input_ids, decoder_input_ids=start, use_cache=True), CACHE_FIELD)
+                      for _ in range(2))
+        with pytest.raises(ValueError, match="not both"):
+            model(input_ids=input_ids, decoder_input_ids=start, cache=one, past_key_values=other)
+
+
+def test_generation_config_survives_a_round_trip_of_custom_values(tmp_path):
+    model = tiny_model()
+    model.generation_config = GenerationConfig(**{**model.generation_config.to_diff_dict(), "num_beams": 5,
+                                                  "max_new_tokens_over_input": 7})
+    model.save_pretrained(tmp_path)
+    loaded = AutoModelForSeq2SeqLM.from_pretrained(tmp_path)
+    assert loaded.generation_config.num_beams == 5 and loaded.generation_config.max_new_tokens_over_input == 7

@@ -1,0 +1,71 @@
+"""The paper's optimiser and learning-rate schedule (§5.3), in forms `transformers.Trainer` accepts."""
+
+import torch
+from torch.optim.lr_scheduler import LambdaLR
+
+
+def _check_positive(**values):
+    for name, value in values.items():
+        if not value > 0:
+            raise ValueError(f"{name} must be > 0, got {value!r}")
+
+
+class NoamLambda:
+    """lr(s) = factor * d_model^-0.5 * min(s^-0.5, s * warmup^-1.5), §5.3 equation (3).
+
+    A callable object rather than a closure: `LambdaLR.state_dict()` stores an object's `__dict__`
+    (and None for functions), so Trainer checkpoints carry the schedule's settings. On resume
+    `load_state_dict` overwrites these attributes with the checkpointed ones.
+    """
+
+    def __init__(self, d_model, warmup_steps=4000, factor=1.0):
+        _check_positive(d_model=d_model, warmup_steps=warmup_steps, factor=factor)
+        self.d_model = d_model
+        self.warmup_steps = warmup_steps
+        self.factor = factor
+
+    def __call__(self, step):
+        # LambdaLR asks for step 0 at construction and that value drives update #1, so shift by one:
+        # update k (1-based) runs at the paper's lr(k), never at lr(0) = 0.
+        s = step + 1
+        return self.factor * self.d_model**-0.5 * min(s**-0.5, s * self.warmup_steps**-1.5)
+
+
+def noam_schedule(optimizer, d_model, warmup_steps=4000, factor=1.0):
+    for group in optimizer.param_groups:
+        # LambdaLR multiplies the lambda by this base lr; NoamLambda already returns the absolute rate.
+        base_lr = group.get("initial_lr", group["lr"])
+        if base_lr != 1.0:
+            raise ValueError(f"noam_schedule needs optimizer lr 1.0 (NoamLambda gives the absolute lr), got {base_lr!r}")
+    return LambdaLR(optimizer, NoamLambda(d_model, warmup_steps, factor))
+
+
+def paper_adam(model_or_params, betas=(0.9, 0.98), eps=1e-9, weight_decay=0.0):
+    """Adam with §5.3's β1=0.9, β2=0.98, ε=1e-9 (AdamW with weight_decay=0 is Adam); lr=1.0 for `noam_schedule`."""
+    params = model_or_params.parameters() if isinstance(model_or_params, torch.nn.Module) else model_or_params
+    return torch.optim.AdamW(params, lr=1.0, betas=betas, eps=eps, weight_decay=weight_decay)
+
+
+def inverse_sqrt_training_args(d_model, warmup_steps, factor=1.0):
+    """TrainingArguments fields that make Trainer's built-in "inverse_sqrt" scheduler the Noam curve.
+
+    The built-in lambda (timescale = warmup W) is c/W for c < W and sqrt(W/c) after, so with the peak
+    rate below, built-in lr at scheduler step c == factor * d^-0.5 * min(c^-0.5, c * W^-1.5): the
+    paper's formula, unshifted, including lr = 0 at c = 0. Trainer uses scheduler step k-1 for update k,
+    so exactly (to float rounding):
+
+        built-in lr for update k+1 == NoamLambda(d, W, factor)(k - 1), the lr of update k here;
+        built-in lr for update 1 == 0 (Adam's moments absorb that gradient, the weights do not move).
+
+    The built-in run is therefore one update behind `noam_schedule`. The optimiser is still Trainer's
+    default: pass adam_beta2=0.98, adam_epsilon=1e-9 (and weight_decay=0.0) yourself for §5.3.
+    """
+    _check_positive(d_model=d_model, warmup_steps=warmup_steps, factor=factor)
+    # Trainer reads warmup_steps < 1 as a fraction of training, so only whole step counts mean W.
+    if warmup_steps < 1 or int(warmup_steps) != warmup_steps:
+        raise ValueError(f"warmup_steps must be a whole number of steps >= 1, got {warmup_steps!r}")
+    return {
+        "lr_scheduler_type": "inverse_sqrt",
+        "warmup_steps": int(warmup_steps),
+        "learning_rate": factor * d_model**-0.5 * warmup_steps**-0.5,
+    }
