@@ -451,3 +451,56 @@ def test_generation_config_survives_a_round_trip_of_custom_values(tmp_path):
     model.save_pretrained(tmp_path)
     loaded = AutoModelForSeq2SeqLM.from_pretrained(tmp_path)
     assert loaded.generation_config.num_beams == 5 and loaded.generation_config.max_new_tokens_over_input == 7
+
+
+# §6.1 beam scoring: GNMT length penalty -------------------------------------------------------------
+
+class _HandBuiltScores:
+    """Log-probabilities fixed by the prefix, so the beam search has exactly two ways to finish:
+    A = [5, eos] with log P = -1.0 (|Y| = 2), and B = [6, 8, 8, 8, eos] with log P = -1.6 (|Y| = 5)."""
+
+    def __call__(self, input_ids, scores):
+        out = torch.full_like(scores, -1e4)
+        for row, prefix in enumerate(input_ids[:, 1:].tolist()):
+            if not prefix:
+                out[row, 5], out[row, 6] = -0.5, -0.6
+            elif prefix[0] == 5:
+                out[row, 2], out[row, 9] = (-0.5, -3.0) if len(prefix) == 1 else (-10.0, -10.0)
+            elif prefix.count(8) < 3:
+                out[row, 8], out[row, 2] = -0.1, -50.0
+            else:
+                out[row, 2], out[row, 8] = -0.7, -50.0
+        return out
+
+
+def _hand_built_beam_search(model, penalty_type):
+    from transformers import LogitsProcessorList
+
+    input_ids = torch.tensor([[5, 6, 7, 2]])
+    return model.generate(input_ids=input_ids, num_beams=2, length_penalty=0.6, early_stopping="never",
+                          max_new_tokens=8, length_penalty_type=penalty_type, output_scores=True,
+                          return_dict_in_generate=True, logits_processor=LogitsProcessorList([_HandBuiltScores()]))
+
+
+def test_gnmt_penalty_ranks_hypotheses_as_the_formula_says():
+    model = tiny_model()
+    short, long = [1, 5, 2], [1, 6, 8, 8, 8, 2]
+    # HF: -1.0 / 2^0.6 = -0.660 < -1.6 / 5^0.6 = -0.609, so the long one wins;
+    # GNMT: -1.0 / (7/6)^0.6 = -0.912 > -1.6 / (10/6)^0.6 = -1.177, so the short one wins.
+    hf = _hand_built_beam_search(model, "hf")
+    gnmt = _hand_built_beam_search(model, "gnmt")
+    assert hf.sequences[0].tolist() == long
+    assert gnmt.sequences[0].tolist()[:3] == short and set(gnmt.sequences[0].tolist()[3:]) <= {0}
+    assert hf.sequences_scores.item() == pytest.approx(-1.6 / 5**0.6, abs=1e-5)
+    assert gnmt.sequences_scores.item() == pytest.approx(-1.0 / (7 / 6) ** 0.6, abs=1e-5)
+
+
+def test_gnmt_is_the_default_and_greedy_is_unaffected():
+    model = tiny_model()
+    assert model.generation_config.length_penalty_type == "gnmt"
+    input_ids, attention_mask, _ = random_batch()
+    greedy = [model.generate(input_ids=input_ids, attention_mask=attention_mask, num_beams=1, max_new_tokens=10,
+                             length_penalty_type=kind) for kind in ("gnmt", "hf")]
+    torch.testing.assert_close(greedy[0], greedy[1], atol=0, rtol=0)
+    with pytest.raises(ValueError, match="'bogus'"):
+        model.generate(input_ids=input_ids, attention_mask=attention_mask, length_penalty_type="bogus")

@@ -437,8 +437,9 @@ class VanillaTransformerForConditionalGeneration(VanillaTransformerPreTrainedMod
         self.generation_config = GenerationConfig(
             decoder_start_token_id=self._decoder_start_token_id, bos_token_id=config.bos_token_id,
             eos_token_id=config.eos_token_id, pad_token_id=config.pad_token_id,
-            num_beams=4, length_penalty=0.6, max_new_tokens_over_input=50,
+            num_beams=4, length_penalty=0.6, max_new_tokens_over_input=50, length_penalty_type="gnmt",
         )
+        self._gnmt_length_penalty = False
 
     def prepare_decoder_input_ids_from_labels(self, labels: torch.Tensor) -> torch.Tensor:
         return shift_tokens_right(labels, self.config.pad_token_id, self._decoder_start_token_id)
@@ -494,9 +495,17 @@ class VanillaTransformerForConditionalGeneration(VanillaTransformerPreTrainedMod
         return loss if num_items_in_batch is None else loss / num_items_in_batch
 
     def generate(self, inputs=None, generation_config=None, **kwargs):
-        """generate(), with the paper's output budget (§6.1): when no length is asked for, and the generation
-        config sets `max_new_tokens_over_input`, decode at most (source length + that many) new tokens."""
+        """generate() with the paper's beam search (§6.1), both set in the generation config:
+
+        - `max_new_tokens_over_input=50`: when no length is asked for, decode at most source length + 50 tokens;
+        - `length_penalty_type="gnmt"`: beam hypotheses are ranked by log P(Y) / lp(Y) with the GNMT penalty
+          lp(Y) = ((5 + |Y|) / 6)^alpha (Wu et al., 2016), alpha = `length_penalty`; "hf" keeps transformers'
+          |Y|^alpha. Both can also be passed to generate() directly.
+        """
         config = self.generation_config if generation_config is None else generation_config
+        penalty_type = kwargs.pop("length_penalty_type", getattr(config, "length_penalty_type", "hf"))
+        if penalty_type not in ("gnmt", "hf"):
+            raise ValueError(f"`length_penalty_type` must be 'gnmt' or 'hf', got {penalty_type!r}.")
         offset = getattr(config, "max_new_tokens_over_input", None)
         lengths_given = kwargs.get("max_length") is not None or kwargs.get("max_new_tokens") is not None
         if offset is not None and not lengths_given and config.max_length is None and config.max_new_tokens is None:
@@ -506,7 +515,33 @@ class VanillaTransformerForConditionalGeneration(VanillaTransformerPreTrainedMod
             if source is not None:
                 # A padded batch shares one budget, set by its longest source.
                 kwargs["max_new_tokens"] = source.shape[1] + offset
-        return super().generate(inputs, generation_config, **kwargs)
+        self._gnmt_length_penalty = penalty_type == "gnmt"
+        try:
+            return super().generate(inputs, generation_config, **kwargs)
+        finally:
+            self._gnmt_length_penalty = False
+
+    # transformers' beam search divides a hypothesis' log-probability by length ** length_penalty in these two
+    # places. For the GNMT penalty we pass, for the length in question, the exponent e with
+    # length ** e == ((5 + length) / 6) ** alpha, so the library's own code ranks by the paper's score.
+    def _update_finished_beams(self, **kwargs):
+        if self._gnmt_length_penalty:
+            length = kwargs["cur_len"] + 1 - kwargs["decoder_prompt_len"]
+            kwargs["length_penalty"] = _gnmt_exponent(length, kwargs["length_penalty"])
+        return super()._update_finished_beams(**kwargs)
+
+    def _check_early_stop_heuristic(self, **kwargs):
+        if self._gnmt_length_penalty:
+            alpha = kwargs["length_penalty"]
+            longest = kwargs["early_stopping"] == "never" and alpha > 0.0
+            length = (kwargs["max_length"] if longest else kwargs["cur_len"]) - kwargs["decoder_prompt_len"]
+            kwargs["length_penalty"] = _gnmt_exponent(length, alpha)
+        return super()._check_early_stop_heuristic(**kwargs)
+
+
+def _gnmt_exponent(length: int, alpha: float) -> float:
+    """The e with length ** e == ((5 + length) / 6) ** alpha (any e fits length 1, where both sides are 1)."""
+    return alpha if length <= 1 else alpha * math.log((5 + length) / 6) / math.log(length)
 
 
 __all__ = [

@@ -1,0 +1,33 @@
+#!/usr/bin/env python
+"""Train the paper's Transformer on a parallel corpus with the stock Seq2SeqTrainer.
+
+    python scripts/train.py --output_dir runs/demo --max_steps 2000            # the built-in en-de task
+    python scripts/train.py --output_dir runs/m30k --train_source_file ../shared/data/multi30k/train.en \
+        --train_target_file ../shared/data/multi30k/train.de ...
+    torchrun --nproc_per_node 2 scripts/train.py ...      # or: accelerate launch scripts/train.py ...
+
+Every Seq2SeqTrainingArguments flag works (--per_device_train_batch_size, --resume_from_checkpoint, ...).
+"""
+
+import json
+import sys
+
+from transformers import HfArgumentParser
+
+from vanilla_transformer.training import DataArguments, ModelArguments, RecipeArguments, TranslationTrainingArguments, run
+
+
+def main(argv=None):
+    parser = HfArgumentParser((ModelArguments, DataArguments, RecipeArguments, TranslationTrainingArguments))
+    if argv is None and len(sys.argv) == 2 and sys.argv[1].endswith(".json"):
+        parsed = parser.parse_json_file(sys.argv[1])
+    else:
+        parsed = parser.parse_args_into_dataclasses(argv)
+    results = run(*parsed)
+    summary = {split: {k: v for k, v in r.items() if k in ("bleu", "chrf", "bleu_signature", "num_sentences")}
+               for split, r in results.items() if split != "train"}
+    print(json.dumps(summary, indent=2))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,50 @@
+#!/usr/bin/env python
+"""Translate a file (or stdin) with a saved model, in batches sorted by length; output keeps the input order.
+
+    python scripts/translate.py --model demo_output/model --input sentences.en --output sentences.de
+    echo "I see twenty-one red apples" | python scripts/translate.py --model demo_output/model
+"""
+
+import argparse
+import sys
+
+import torch
+from transformers import AutoModelForSeq2SeqLM, AutoTokenizer
+
+import vanilla_transformer  # noqa: F401  registers the model with the Auto classes
+from vanilla_transformer.translation import translate
+
+
+def main(argv=None):
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--model", required=True, help="A folder saved by scripts/train.py (or a Hub id).")
+    parser.add_argument("--input", default="-", help="One sentence per line; '-' reads stdin.")
+    parser.add_argument("--output", default="-", help="'-' writes stdout.")
+    parser.add_argument("--batch_size", type=int, default=64)
+    parser.add_argument("--num_beams", type=int, default=None, help="Default: the model's generation config (4).")
+    parser.add_argument("--max_new_tokens", type=int, default=None,
+                        help="Default: source length + 50 (§6.1), from the generation config.")
+    parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    args = parser.parse_args(argv)
+
+    model = AutoModelForSeq2SeqLM.from_pretrained(args.model).to(args.device)
+    tokenizer = AutoTokenizer.from_pretrained(args.model)
+    source = sys.stdin if args.input == "-" else open(args.input, encoding="utf-8")
+    with source:
+        lines = [line.rstrip("\n") for line in source]
+    generate_kwargs = {k: v for k, v in (("num_beams", args.num_beams), ("max_new_tokens", args.max_new_tokens))
+                       if v is not None}
+    # Empty lines stay empty rather than being sent to the model.
+    indices = [i for i, line in enumerate(lines) if line.strip()]
+    translations = translate(model, tokenizer, [lines[i] for i in indices], batch_size=args.batch_size,
+                             progress=args.output != "-", **generate_kwargs)
+    output = [""] * len(lines)
+    for i, text in zip(indices, translations):
+        output[i] = text
+    target = sys.stdout if args.output == "-" else open(args.output, "w", encoding="utf-8")
+    with target:
+        target.writelines(line + "\n" for line in output)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,260 @@
+"""The paper's training recipe on the stock `Seq2SeqTrainer`: §5.3 Adam + Noam schedule, §5.4 label smoothing.
+
+`scripts/train.py` is argument parsing around `run()`; the demo calls `run()` too. Every
+`Seq2SeqTrainingArguments` flag works, and the same code runs under `torchrun` / `accelerate launch`.
+"""
+
+import json
+import logging
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import torch
+from datasets import DatasetDict
+from transformers import (
+    AutoModelForSeq2SeqLM,
+    AutoTokenizer,
+    DataCollatorForSeq2Seq,
+    GenerationConfig,
+    Seq2SeqTrainer,
+    Seq2SeqTrainingArguments,
+)
+
+from .builtin_task import build_builtin_task
+from .configuration_vanilla_transformer import VanillaTransformerConfig
+from .data import load_parallel_data, load_parallel_text_files, tokenize_parallel
+from .metrics import build_compute_metrics, corpus_scores
+from .modeling_vanilla_transformer import VanillaTransformerForConditionalGeneration
+from .schedule import NoamLambda
+from .tokenization import train_shared_tokenizer
+from .translation import translate
+
+logger = logging.getLogger(__name__)
+SPLITS = ("train", "validation", "test")
+
+
+@dataclass
+class ModelArguments:
+    preset: str = field(default="small", metadata={"help": "base | big (Table 3) | small | tiny"})
+    config_file: str | None = field(default=None, metadata={"help": "A config.json to build the model from."})
+    model_name_or_path: str | None = field(default=None, metadata={"help": "A checkpoint to start from."})
+    config_overrides: str | None = field(
+        default=None, metadata={"help": "Comma-separated field=value pairs, e.g. 'dropout=0.3,encoder_layers=4'."})
+    tokenizer_name_or_path: str | None = field(
+        default=None, metadata={"help": "A saved tokenizer; default: the checkpoint's, else train a shared BPE."})
+    vocab_size: int = field(default=8000, metadata={"help": "Size of the shared BPE vocabulary to train."})
+    attn_implementation: str | None = field(default=None, metadata={"help": "sdpa (default) | eager | ..."})
+
+
+@dataclass
+class DataArguments:
+    dataset: str = field(
+        default="builtin",
+        metadata={"help": "'builtin' (the package's English-German task), a datasets name or folder, or a "
+                          ".tsv/.jsonl file. Ignored for splits given as --{split}_source_file/--{split}_target_file."})
+    dataset_config_name: str | None = None
+    train_source_file: str | None = None
+    train_target_file: str | None = None
+    validation_source_file: str | None = None
+    validation_target_file: str | None = None
+    test_source_file: str | None = None
+    test_target_file: str | None = None
+    source_lang: str = "en"
+    target_lang: str = "de"
+    max_source_length: int = field(default=128, metadata={"help": "Longer training pairs are dropped (reported)."})
+    max_target_length: int = 128
+    max_train_samples: int | None = None
+    max_eval_samples: int | None = None
+    preprocessing_num_workers: int | None = None
+    num_examples: int = field(default=5, metadata={"help": "Test sentences to translate and show at the end."})
+
+
+@dataclass
+class RecipeArguments:
+    lr_scheduler: str = field(
+        default="noam", metadata={"help": "noam (§5.3) | trainer (use --lr_scheduler_type and --learning_rate)"})
+    noam_warmup_steps: int = field(default=4000, metadata={"help": "§5.3 warmup_steps."})
+    noam_factor: float = field(default=1.0, metadata={"help": "Multiplies the whole Noam curve."})
+    label_smoothing: float = field(default=0.1, metadata={"help": "§5.4 epsilon_ls; kept in the model config."})
+
+
+@dataclass
+class TranslationTrainingArguments(Seq2SeqTrainingArguments):
+    """Seq2SeqTrainingArguments with the paper's defaults: Adam(0.9, 0.98, 1e-9), beam 4 evaluation."""
+
+    learning_rate: float = field(default=1.0, metadata={"help": "1.0 with the Noam schedule (it sets the rate)."})
+    adam_beta2: float = 0.98
+    adam_epsilon: float = 1e-9
+    predict_with_generate: bool = True
+    generation_num_beams: int | None = 4
+    report_to: None | str | list[str] = "tensorboard"
+    logging_steps: float = 50
+    save_total_limit: int | None = 5  # §6.1 averages the last 5 checkpoints (base)
+
+
+class PaperTrainer(Seq2SeqTrainer):
+    """Seq2SeqTrainer whose scheduler is the paper's (§5.3) when `noam_schedule` is given.
+
+    Overriding `create_scheduler` rather than passing `optimizers=(...)` lets Trainer build the optimizer
+    itself after wrapping the model, which FSDP and DeepSpeed require.
+    """
+
+    def __init__(self, *args, noam_schedule: NoamLambda | None = None, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.noam_schedule = noam_schedule
+        if noam_schedule is not None and self.args.learning_rate != 1.0:
+            raise ValueError(
+                f"With the Noam schedule the learning rate comes from the schedule, so --learning_rate must be "
+                f"1.0 (got {self.args.learning_rate}); scale the curve with --noam_factor instead."
+            )
+
+    def create_scheduler(self, num_training_steps, optimizer=None):
+        if self.noam_schedule is None or self.lr_scheduler is not None:
+            return super().create_scheduler(num_training_steps, optimizer)
+        self.lr_scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer or self.optimizer, self.noam_schedule)
+        self._created_lr_scheduler = True
+        return self.lr_scheduler
+
+
+def load_raw_splits(data: DataArguments) -> DatasetDict:
+    if data.dataset == "builtin":
+        if {data.source_lang, data.target_lang} != {"en", "de"}:
+            raise ValueError(f"The built-in task is English-German; got --source_lang {data.source_lang} "
+                             f"--target_lang {data.target_lang}.")
+        splits = build_builtin_task()
+    else:
+        loaded = None
+        if not all(getattr(data, f"{s}_source_file") for s in SPLITS):
+            loaded = load_parallel_data(data.dataset, data.source_lang, data.target_lang, data.dataset_config_name)
+        splits = loaded if isinstance(loaded, DatasetDict) else DatasetDict({"train": loaded} if loaded else {})
+    splits = DatasetDict(dict(splits))
+    for split in SPLITS:
+        source, target = getattr(data, f"{split}_source_file"), getattr(data, f"{split}_target_file")
+        if (source is None) != (target is None):
+            raise ValueError(f"Give both --{split}_source_file and --{split}_target_file, got only one.")
+        if source is not None:
+            splits[split] = load_parallel_text_files(source, target, data.source_lang, data.target_lang)
+    if "validation" not in splits and "valid" in splits:
+        splits["validation"] = splits.pop("valid")
+    if "train" not in splits:
+        raise ValueError(f"No training split found; splits available: {sorted(splits)}.")
+    for split, limit in (("train", data.max_train_samples), ("validation", data.max_eval_samples),
+                         ("test", data.max_eval_samples)):
+        if limit is not None and split in splits:
+            splits[split] = splits[split].select(range(min(limit, len(splits[split]))))
+    return splits
+
+
+def build_tokenizer(model_args: ModelArguments, train_split, data: DataArguments):
+    source = model_args.tokenizer_name_or_path or model_args.model_name_or_path
+    if source is not None:
+        return AutoTokenizer.from_pretrained(source)
+    texts = [pair[lang] for pair in train_split["translation"] for lang in (data.source_lang, data.target_lang)]
+    return train_shared_tokenizer(texts, vocab_size=model_args.vocab_size, model_max_length=max(
+        data.max_source_length, data.max_target_length))
+
+
+def _parse_overrides(text: str | None) -> dict:
+    overrides = {}
+    for item in filter(None, (text or "").split(",")):
+        name, sep, value = item.partition("=")
+        if not sep:
+            raise ValueError(f"--config_overrides takes field=value pairs, got {item!r}.")
+        try:
+            overrides[name.strip()] = json.loads(value)
+        except json.JSONDecodeError:
+            overrides[name.strip()] = value
+    return overrides
+
+
+def build_model(model_args: ModelArguments, recipe: RecipeArguments, tokenizer):
+    overrides = {**_parse_overrides(model_args.config_overrides), "label_smoothing": recipe.label_smoothing}
+    kwargs = {"attn_implementation": model_args.attn_implementation} if model_args.attn_implementation else {}
+    if model_args.model_name_or_path is not None:
+        model = AutoModelForSeq2SeqLM.from_pretrained(model_args.model_name_or_path, **kwargs)
+        for name, value in overrides.items():
+            setattr(model.config, name, value)
+        return model
+    special = dict(pad_token_id=tokenizer.pad_token_id, bos_token_id=tokenizer.bos_token_id,
+                   eos_token_id=tokenizer.eos_token_id, decoder_start_token_id=tokenizer.bos_token_id)
+    if model_args.config_file is not None:
+        config = VanillaTransformerConfig.from_json_file(model_args.config_file)
+        config = VanillaTransformerConfig(**{**config.to_dict(), **overrides, "vocab_size": len(tokenizer), **special})
+    else:
+        config = VanillaTransformerConfig.from_preset(model_args.preset, vocab_size=len(tokenizer), **special,
+                                                      **overrides)
+    return VanillaTransformerForConditionalGeneration._from_config(config, **kwargs)
+
+
+def run(model_args: ModelArguments, data: DataArguments, recipe: RecipeArguments,
+        args: TranslationTrainingArguments) -> dict:
+    """Train, evaluate BLEU on the test (else validation) split, save a Hub-ready folder; return the results."""
+    if recipe.lr_scheduler not in ("noam", "trainer"):
+        raise ValueError(f"--lr_scheduler must be 'noam' or 'trainer', got {recipe.lr_scheduler!r}.")
+    raw = load_raw_splits(data)
+    tokenizer = build_tokenizer(model_args, raw["train"], data)
+    model = build_model(model_args, recipe, tokenizer)
+    generation_config = GenerationConfig.from_dict(model.generation_config.to_dict())
+
+    def prepare(split):
+        with args.main_process_first(desc=f"tokenizing {split}"):
+            tokenized, report = tokenize_parallel(raw[split], tokenizer, data.source_lang, data.target_lang,
+                                                  data.max_source_length, data.max_target_length,
+                                                  num_proc=data.preprocessing_num_workers)
+        return tokenized, report
+
+    train_set, train_report = prepare("train")
+    eval_set = prepare("validation")[0] if "validation" in raw and args.eval_strategy != "no" else None
+    # Trainer evaluation decodes with the paper's beam but a fixed length budget (it pads to one width).
+    if args.generation_max_length is None:
+        args.generation_max_length = data.max_target_length
+    trainer = PaperTrainer(
+        model=model,
+        args=args,
+        train_dataset=train_set,
+        eval_dataset=eval_set,
+        processing_class=tokenizer,
+        data_collator=DataCollatorForSeq2Seq(tokenizer, model=model, label_pad_token_id=-100),
+        compute_metrics=build_compute_metrics(tokenizer),
+        noam_schedule=NoamLambda(model.config.d_model, recipe.noam_warmup_steps, recipe.noam_factor)
+        if recipe.lr_scheduler == "noam" else None,
+    )
+    train_result = trainer.train(resume_from_checkpoint=args.resume_from_checkpoint)
+
+    # Trainer switches the cache off for training and evaluation fills the generation config with
+    # global defaults; restore both so the saved model decodes as the paper does.
+    model.config.use_cache = True
+    model.generation_config = generation_config
+    results = {"train": {**train_result.metrics, "length_filter": train_report.as_dict()}}
+    if trainer.is_world_process_zero():
+        trainer.save_model(args.output_dir)
+        tokenizer.save_pretrained(args.output_dir)
+        evaluation_split = "test" if "test" in raw else "validation" if "validation" in raw else None
+        if evaluation_split is not None:
+            scores, hypotheses = evaluate_bleu(model, tokenizer, raw[evaluation_split], data,
+                                               args.per_device_eval_batch_size)
+            results[evaluation_split] = scores
+            Path(args.output_dir, f"{evaluation_split}_translations.txt").write_text(
+                "".join(h + "\n" for h in hypotheses), encoding="utf-8")
+        Path(args.output_dir, "results.json").write_text(json.dumps(results, indent=2, default=str))
+        plot_path = Path(args.output_dir, "training_curves.png")
+        from .plots import plot_training_curves  # matplotlib only where a plot is drawn
+        plot_training_curves(trainer.state.log_history, plot_path)
+    return results
+
+
+def evaluate_bleu(model, tokenizer, split, data: DataArguments, batch_size: int = 64,
+                  **generate_kwargs) -> tuple[dict, list[str]]:
+    """sacreBLEU and chrF of beam-search translations of a whole split against its raw references;
+    returns the scores (with a few examples) and the translations."""
+    sources = [pair[data.source_lang] for pair in split["translation"]]
+    references = [pair[data.target_lang] for pair in split["translation"]]
+    hypotheses = translate(model, tokenizer, sources, batch_size=batch_size, progress=True, **generate_kwargs)
+    scores = corpus_scores(hypotheses, references)
+    examples = [{"source": s, "reference": r, "translation": h}
+                for s, r, h in list(zip(sources, references, hypotheses))[: data.num_examples]]
+    return {**scores, "num_sentences": len(sources), "examples": examples}, hypotheses
+
+
+__all__ = ["ModelArguments", "DataArguments", "RecipeArguments", "TranslationTrainingArguments", "PaperTrainer",
+           "run", "evaluate_bleu", "load_raw_splits", "build_tokenizer", "build_model"]
