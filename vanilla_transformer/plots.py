@@ -23,7 +23,8 @@ def plot_training_curves(log_history: list[dict], path, title: str = "training")
     if evals:
         loss_axis.plot(*zip(*evals), marker="o", label="validation")
     loss_axis.set(title="loss", xlabel="step", ylabel="cross-entropy")
-    loss_axis.legend()
+    if train or evals:
+        loss_axis.legend()
     figure.suptitle(title)
     figure.tight_layout()
     path = Path(path)

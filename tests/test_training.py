@@ -1,0 +1,95 @@
+"""scripts/train.py and the demo, shortened: a few steps end in a folder that loads and translates the same."""
+
+import json
+import runpy
+import sys
+from pathlib import Path
+
+import pytest
+from transformers import AutoModelForSeq2SeqLM, AutoTokenizer, HfArgumentParser
+
+from vanilla_transformer.training import (
+    DataArguments,
+    ModelArguments,
+    RecipeArguments,
+    TranslationTrainingArguments,
+    load_raw_splits,
+    run,
+)
+from vanilla_transformer.translation import translate
+
+ROOT = Path(__file__).resolve().parents[1]
+TINY_RUN = ["--preset", "tiny", "--vocab_size", "300", "--max_train_samples", "400", "--max_eval_samples", "12",
+            "--per_device_train_batch_size", "16", "--max_steps", "8", "--eval_strategy", "no",
+            "--report_to", "none", "--noam_warmup_steps", "4", "--save_strategy", "no", "--logging_steps", "2"]
+
+
+def parse(arguments):
+    return HfArgumentParser((ModelArguments, DataArguments, RecipeArguments, TranslationTrainingArguments)) \
+        .parse_args_into_dataclasses(arguments)
+
+
+def test_a_short_training_run_saves_a_folder_that_translates_like_the_trained_model(tmp_path):
+    output = tmp_path / "run"
+    parsed = parse(TINY_RUN + ["--output_dir", str(output)])
+    results = run(*parsed)
+    for name in ("config.json", "model.safetensors", "generation_config.json", "tokenizer.json",
+                 "modeling_vanilla_transformer.py", "configuration_vanilla_transformer.py", "results.json",
+                 "training_curves.png", "test_translations.txt"):
+        assert (output / name).exists(), name
+    assert results["test"]["num_sentences"] == 12 and 0 <= results["test"]["bleu"] <= 100
+    # The saved generation config is the paper's, not the one evaluation filled with global defaults.
+    generation = json.loads((output / "generation_config.json").read_text())
+    assert generation["num_beams"] == 4 and generation["length_penalty"] == 0.6
+    assert "max_length" not in generation and json.loads((output / "config.json").read_text())["use_cache"]
+
+    model = AutoModelForSeq2SeqLM.from_pretrained(output)
+    tokenizer = AutoTokenizer.from_pretrained(output)
+    sources = [pair["en"] for pair in load_raw_splits(parsed[1])["test"]["translation"]]
+    in_memory = (output / "test_translations.txt").read_text(encoding="utf-8").splitlines()
+    assert translate(model, tokenizer, sources) == in_memory
+
+
+def test_the_noam_schedule_drives_the_trainer(tmp_path):
+    arguments = TINY_RUN + ["--output_dir", str(tmp_path / "run"), "--max_eval_samples", "2"]
+    arguments[arguments.index("--save_strategy") + 1] = "steps"
+    run(*parse(arguments + ["--save_steps", "8"]))
+    state = json.loads((tmp_path / "run" / "checkpoint-8" / "trainer_state.json").read_text())
+    logged = [(entry["step"], entry["learning_rate"]) for entry in state["log_history"] if "learning_rate" in entry]
+    assert [step for step, _ in logged] == [2, 4, 6, 8]
+    d_model, warmup = 64, 4  # the tiny preset, --noam_warmup_steps 4
+    for step, lr in logged:
+        # Trainer logs the rate of the update it just made: update k runs at the paper's lr(k).
+        assert lr == pytest.approx(d_model**-0.5 * min(step**-0.5, step * warmup**-1.5), rel=1e-6)
+
+
+def test_a_learning_rate_other_than_one_is_refused_with_noam(tmp_path):
+    parsed = parse(TINY_RUN + ["--output_dir", str(tmp_path / "run"), "--learning_rate", "5e-4"])
+    with pytest.raises(ValueError, match="learning_rate must be 1.0"):
+        run(*parsed)
+
+
+def test_bad_config_overrides_are_named(tmp_path):
+    parsed = parse(TINY_RUN + ["--output_dir", str(tmp_path / "run"), "--config_overrides", "dropout"])
+    with pytest.raises(ValueError, match="'dropout'"):
+        run(*parsed)
+
+
+def test_split_files_must_come_in_pairs(tmp_path):
+    source = tmp_path / "train.en"
+    source.write_text("a house\n")
+    parsed = parse(TINY_RUN + ["--output_dir", str(tmp_path / "run"), "--train_source_file", str(source)])
+    with pytest.raises(ValueError, match="train_target_file"):
+        run(*parsed)
+
+
+def test_the_demo_runs_end_to_end_in_short_form(tmp_path, monkeypatch, capsys):
+    """`make demo` runs scripts/demo.py; this is the same job with fewer steps and sentences."""
+    monkeypatch.setattr(sys, "argv", ["demo.py", "--output_dir", str(tmp_path / "demo"), "--max_steps", "6",
+                                      "--max_train_samples", "600", "--max_eval_samples", "20"])
+    runpy.run_path(str(ROOT / "scripts" / "demo.py"), run_name="__main__")
+    summary = json.loads((tmp_path / "demo" / "demo_summary.json").read_text())
+    assert summary["reload_identical"] == "20/20"
+    printed = capsys.readouterr().out
+    assert "BLEU on the built-in test split" in printed and "identical to the trained model" in printed
+    assert (tmp_path / "demo" / "model" / "training_curves.png").stat().st_size > 10_000
