@@ -3,7 +3,8 @@ from pathlib import Path
 from setuptools import find_packages, setup
 
 TRAIN = ["datasets>=3.0", "accelerate>=1.0", "evaluate>=0.4", "sacrebleu>=2.4", "tokenizers>=0.20",
-         "matplotlib>=3.7", "tensorboard>=2.14", "tqdm>=4.60"]
+         "matplotlib>=3.7", "tensorboard>=2.14", "tqdm>=4.60",
+         "jinja2>=3.1", "huggingface_hub>=1.0"]
 
 setup(
     name="vanilla-transformer",

@@ -8,6 +8,9 @@ os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 import pytest  # noqa: E402
 import torch  # noqa: E402
 
+# The test models are tiny: one thread is faster than two fighting over small kernels, and deterministic.
+torch.set_num_threads(1)
+
 from vanilla_transformer import VanillaTransformerConfig, VanillaTransformerForConditionalGeneration  # noqa: E402
 
 VOCAB = 48

@@ -221,6 +221,7 @@ def test_saved_folder_has_config_with_auto_map_and_code(tmp_path):
     tiny_model().save_pretrained(tmp_path)
     config = json.loads((tmp_path / "config.json").read_text())
     assert config["auto_map"]["AutoModelForSeq2SeqLM"].endswith("VanillaTransformerForConditionalGeneration")
+    assert config["auto_map"]["AutoModel"] == "modeling_vanilla_transformer.VanillaTransformerModel"
     assert (tmp_path / "modeling_vanilla_transformer.py").exists()
     assert (tmp_path / "configuration_vanilla_transformer.py").exists()
 

@@ -11,6 +11,11 @@ from .modeling_vanilla_transformer import (
     VanillaTransformerModel,
     VanillaTransformerPreTrainedModel,
 )
+from .pipeline_vanilla_transformer import (
+    VanillaTranslationPipeline,
+    register_translation_pipeline,
+    translation_pipeline,
+)
 
 __version__ = "0.1.0"
 
@@ -23,6 +28,8 @@ AutoModelForSeq2SeqLM.register(VanillaTransformerConfig, VanillaTransformerForCo
 VanillaTransformerConfig.register_for_auto_class()
 VanillaTransformerModel.register_for_auto_class("AutoModel")
 VanillaTransformerForConditionalGeneration.register_for_auto_class("AutoModelForSeq2SeqLM")
+# transformers 5 removed the "translation" task; ours is registered under that name (see hub.save_for_hub).
+register_translation_pipeline()
 
 __all__ = [
     "PRESETS",
@@ -30,4 +37,7 @@ __all__ = [
     "VanillaTransformerModel",
     "VanillaTransformerForConditionalGeneration",
     "VanillaTransformerPreTrainedModel",
+    "VanillaTranslationPipeline",
+    "register_translation_pipeline",
+    "translation_pipeline",
 ]

@@ -7,6 +7,12 @@ the paper's base model (Table 3) with its shared 37k BPE vocabulary (§5.1).
 from transformers.activations import ACT2FN
 from transformers.configuration_utils import PreTrainedConfig
 
+AUTO_MAP = {
+    "AutoConfig": "configuration_vanilla_transformer.VanillaTransformerConfig",
+    "AutoModel": "modeling_vanilla_transformer.VanillaTransformerModel",
+    "AutoModelForSeq2SeqLM": "modeling_vanilla_transformer.VanillaTransformerForConditionalGeneration",
+}
+
 # Table 3 of the paper; `small` and `tiny` are ours, sized for a CPU.
 PRESETS = {
     "base": dict(d_model=512, encoder_layers=6, decoder_layers=6, encoder_attention_heads=8,
@@ -60,6 +66,10 @@ class VanillaTransformerConfig(PreTrainedConfig):
     def __post_init__(self, **kwargs):
         super().__post_init__(**kwargs)
         self._check()
+        # Saved folders name all three classes, so AutoModel too loads them with trust_remote_code=True where
+        # this package is not installed (saving records only the class being saved).
+        if getattr(self, "auto_map", None) is None:
+            self.auto_map = dict(AUTO_MAP)
 
     @classmethod
     def from_preset(cls, name: str, **overrides) -> "VanillaTransformerConfig":

@@ -2,9 +2,9 @@
 
 A complete folder holds the weights (safetensors), config.json with `auto_map` (and `custom_pipelines` for
 the translation pipeline), the configuration/modeling/pipeline `.py` files it names, generation_config.json,
-the tokenizer files and README.md. `save_for_hub` writes one; `stage_for_hub` copies a folder into a
-staging folder, completes and checks it; `upload_to_hub` uploads a staged folder. The user's folder is only
-ever read.
+the tokenizer files (`check_hub_folder` checks these) and the model card README.md. `save_for_hub` writes
+one; `stage_for_hub` copies a folder into a staging folder, completes and checks it (card included);
+`upload_to_hub` uploads a staged folder. A folder given to stage or upload is only ever read.
 """
 
 from __future__ import annotations
@@ -113,9 +113,10 @@ def check_hub_folder(folder: str | os.PathLike) -> list[str]:
     return sorted(p.relative_to(folder).as_posix() for p in Path(folder).rglob("*") if p.is_file())
 
 
-def _add_pipeline(staging: Path):
-    """Register the translation pipeline in a staged folder of ours saved without it (plain save_pretrained)."""
-    config_file = staging / "config.json"
+def add_translation_pipeline(folder: str | os.PathLike):
+    """Register the translation pipeline in a folder of ours saved without it (plain save_pretrained)."""
+    folder = Path(folder)
+    config_file = folder / "config.json"
     if not config_file.is_file():
         return
     config = json.loads(config_file.read_text(encoding="utf-8"))
@@ -123,7 +124,7 @@ def _add_pipeline(staging: Path):
         return
     config["custom_pipelines"] = CUSTOM_PIPELINES
     config_file.write_text(json.dumps(config, indent=2, sort_keys=True) + "\n", encoding="utf-8")
-    shutil.copyfile(PIPELINE_FILE, staging / PIPELINE_FILE.name)
+    shutil.copyfile(PIPELINE_FILE, folder / PIPELINE_FILE.name)
 
 
 def stage_for_hub(model_dir: str | os.PathLike, staging_dir: str | os.PathLike,
@@ -146,7 +147,7 @@ def stage_for_hub(model_dir: str | os.PathLike, staging_dir: str | os.PathLike,
     for path in sorted(source.iterdir()):
         if path.is_file() and not path.name.startswith((".", "rng_state")) and path.name not in TRAINING_STATE:
             shutil.copy2(path, staging / path.name)
-    _add_pipeline(staging)
+    add_translation_pipeline(staging)
     missing = missing_hub_files(staging)
     if not missing and isinstance(card, dict):
         card = render_model_card(staging, **card)
@@ -181,5 +182,5 @@ def upload_to_hub(folder: str | os.PathLike, repo_id: str, *, token: str, privat
     return str(getattr(commit, "commit_url", commit))
 
 
-__all__ = ["save_for_hub", "check_hub_folder", "missing_hub_files", "stage_for_hub", "resolve_token",
+__all__ = ["save_for_hub", "add_translation_pipeline", "check_hub_folder", "missing_hub_files", "stage_for_hub", "resolve_token",
            "upload_to_hub", "UPLOAD_ERRORS"]

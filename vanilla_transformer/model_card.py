@@ -7,7 +7,8 @@ install and for imports from the repository; a wheel does not carry it, so pass 
 `ModelCard.validate()` posts the card to the Hub (`/api/validate-yaml`): it cannot run offline
 (OfflineModeIsEnabled under HF_HUB_OFFLINE=1, a connection error without network).
 `check_model_card_metadata` is the offline check: it re-parses the card as the Hub client does
-(`ModelCard(text)` -> `ModelCardData`, which parses `model-index` into `EvalResult`s) and compares.
+(`ModelCard(text)` -> `ModelCardData`, which parses `model-index` into `EvalResult`s) and checks the
+fields a translation model needs.
 """
 
 from __future__ import annotations
@@ -19,7 +20,6 @@ import struct
 from math import prod
 from pathlib import Path
 
-import jinja2
 from huggingface_hub import EvalResult, ModelCard, ModelCardData
 from transformers import GenerationConfig
 
@@ -104,7 +104,8 @@ def _eval_results(eval_results: dict, model_task: str, dataset_name: str, datase
         "dataset_split": eval_results.get("dataset_split"),
     }
     # The sacreBLEU signature fixes tokenization, casing and smoothing: the arguments of the score.
-    results = [EvalResult(**dataset, metric_type="bleu", metric_name="BLEU", metric_value=round(float(eval_results["bleu"]), 2),
+    results = [EvalResult(**dataset, metric_type="bleu", metric_name="BLEU",
+                          metric_value=round(float(eval_results["bleu"]), 2),
                           metric_args={"signature": eval_results["bleu_signature"]})]
     if eval_results.get("chrf") is not None:
         args = {"signature": eval_results["chrf_signature"]} if eval_results.get("chrf_signature") else None
@@ -165,8 +166,9 @@ def model_card_variables(
         evaluation["dataset_name"] = dataset_name
     arch = {
         "vocab_size": config.vocab_size,
-        "tied": config.tie_word_embeddings,
-        "scale_embedding": config.scale_embedding,
+        "embedding": ("one matrix for the source and target embeddings and the pre-softmax projection (§3.4)"
+                      if config.tie_word_embeddings else "**untied** input embeddings and pre-softmax projection")
+        + (", multiplied by sqrt(d_model)" if config.scale_embedding else ", not scaled by sqrt(d_model)"),
         "norm": "pre-LN, x + Sublayer(LayerNorm(x)), with a final LayerNorm" if config.normalize_before
         else "post-LN, LayerNorm(x + Dropout(Sublayer(x))) as in §3.1",
         "activation": config.activation_function,
@@ -210,6 +212,10 @@ def render_model_card(folder: str | os.PathLike, *, template_path: str | os.Path
             f"model card template {template_path} not found: it lives in the repository (model_cards/TEMPLATE.md); "
             "install the package editable from the repository or pass template_path="
         )
+    try:
+        import jinja2  # what ModelCard.from_template uses too; not a dependency of transformers
+    except ImportError as error:
+        raise ImportError("rendering a model card needs Jinja2: pip install jinja2") from error
     card_data, variables = model_card_variables(folder, **card_fields)
     environment = jinja2.Environment(undefined=jinja2.StrictUndefined, keep_trailing_newline=True)
     template = environment.from_string(template_path.read_text(encoding="utf-8"))
@@ -241,4 +247,5 @@ def check_model_card_metadata(card: ModelCard | str | os.PathLike) -> ModelCardD
     return data
 
 
-__all__ = ["TEMPLATE_PATH", "render_model_card", "model_card_variables", "check_model_card_metadata", "count_parameters", "hyperparameters"]
+__all__ = ["TEMPLATE_PATH", "render_model_card", "model_card_variables", "check_model_card_metadata",
+           "count_parameters", "hyperparameters"]

@@ -55,7 +55,9 @@ class VanillaTranslationPipeline(Pipeline):
     def preprocess(self, text, truncation=False):
         if not isinstance(text, str):
             raise TypeError(f"{type(self).__name__} translates strings, got {type(text).__name__}.")
-        return self.tokenizer(text, truncation=truncation, return_tensors="pt")
+        inputs = self.tokenizer(text, truncation=truncation, return_tensors="pt")
+        inputs.pop("token_type_ids", None)  # some tokenizers add them; the model takes none
+        return inputs
 
     def _forward(self, model_inputs, **generate_kwargs):
         batch = model_inputs["input_ids"].shape[0]
@@ -96,7 +98,8 @@ def translation_pipeline(model, tokenizer, **kwargs) -> VanillaTranslationPipeli
     `truncation`, `device`.
     """
     register_translation_pipeline()
-    kwargs.setdefault("device", model.device)
+    if getattr(model, "hf_device_map", None) is None:  # a device_map-dispatched model may not be moved
+        kwargs.setdefault("device", model.device)
     return VanillaTranslationPipeline(model=model, tokenizer=tokenizer, task=TASK, **kwargs)
 
 

@@ -20,10 +20,13 @@ from transformers import (
     Seq2SeqTrainingArguments,
 )
 
+from .batching import token_batch_train_dataloader
 from .builtin_task import build_builtin_task
 from .configuration_vanilla_transformer import VanillaTransformerConfig
 from .data import load_parallel_data, load_parallel_text_files, tokenize_parallel
+from .hub import add_translation_pipeline, check_hub_folder
 from .metrics import build_compute_metrics, corpus_scores
+from .model_card import render_model_card
 from .modeling_vanilla_transformer import VanillaTransformerForConditionalGeneration
 from .schedule import NoamLambda
 from .tokenization import train_shared_tokenizer
@@ -44,6 +47,7 @@ class ModelArguments:
         default=None, metadata={"help": "A saved tokenizer; default: the checkpoint's, else train a shared BPE."})
     vocab_size: int = field(default=8000, metadata={"help": "Size of the shared BPE vocabulary to train."})
     attn_implementation: str | None = field(default=None, metadata={"help": "sdpa (default) | eager | ..."})
+    license: str = field(default="apache-2.0", metadata={"help": "License written into the model card."})
 
 
 @dataclass
@@ -51,7 +55,7 @@ class DataArguments:
     dataset: str = field(
         default="builtin",
         metadata={"help": "'builtin' (the package's English-German task), a datasets name or folder, or a "
-                          ".tsv/.jsonl file. Ignored for splits given as --{split}_source_file/--{split}_target_file."})
+                          ".tsv/.jsonl file. Not used when split files (--train_source_file, ...) are given."})
     dataset_config_name: str | None = None
     train_source_file: str | None = None
     train_target_file: str | None = None
@@ -76,6 +80,9 @@ class RecipeArguments:
     noam_warmup_steps: int = field(default=4000, metadata={"help": "§5.3 warmup_steps."})
     noam_factor: float = field(default=1.0, metadata={"help": "Multiplies the whole Noam curve."})
     label_smoothing: float = field(default=0.1, metadata={"help": "§5.4 epsilon_ls; kept in the model config."})
+    max_tokens_per_batch: int | None = field(default=None, metadata={
+        "help": "§5.1 token-based batching: padded source (and target) tokens per device batch, replacing "
+                "--per_device_train_batch_size for training (see vanilla_transformer/batching.py)."})
 
 
 @dataclass
@@ -99,14 +106,21 @@ class PaperTrainer(Seq2SeqTrainer):
     itself after wrapping the model, which FSDP and DeepSpeed require.
     """
 
-    def __init__(self, *args, noam_schedule: NoamLambda | None = None, **kwargs):
+    def __init__(self, *args, noam_schedule: NoamLambda | None = None, max_tokens_per_batch: int | None = None,
+                 **kwargs):
         super().__init__(*args, **kwargs)
         self.noam_schedule = noam_schedule
+        self.max_tokens_per_batch = max_tokens_per_batch
         if noam_schedule is not None and self.args.learning_rate != 1.0:
             raise ValueError(
                 f"With the Noam schedule the learning rate comes from the schedule, so --learning_rate must be "
                 f"1.0 (got {self.args.learning_rate}); scale the curve with --noam_factor instead."
             )
+
+    def get_train_dataloader(self):
+        if self.max_tokens_per_batch is None:
+            return super().get_train_dataloader()
+        return token_batch_train_dataloader(self, self.max_tokens_per_batch)
 
     def create_scheduler(self, num_training_steps, optimizer=None):
         if self.noam_schedule is None or self.lr_scheduler is not None:
@@ -117,17 +131,17 @@ class PaperTrainer(Seq2SeqTrainer):
 
 
 def load_raw_splits(data: DataArguments) -> DatasetDict:
-    if data.dataset == "builtin":
+    files_given = any(getattr(data, f"{s}_{side}_file") for s in SPLITS for side in ("source", "target"))
+    if files_given:  # split files replace --dataset entirely, so splits never mix two corpora
+        splits = DatasetDict()
+    elif data.dataset == "builtin":
         if {data.source_lang, data.target_lang} != {"en", "de"}:
             raise ValueError(f"The built-in task is English-German; got --source_lang {data.source_lang} "
                              f"--target_lang {data.target_lang}.")
         splits = build_builtin_task()
     else:
-        loaded = None
-        if not all(getattr(data, f"{s}_source_file") for s in SPLITS):
-            loaded = load_parallel_data(data.dataset, data.source_lang, data.target_lang, data.dataset_config_name)
-        splits = loaded if isinstance(loaded, DatasetDict) else DatasetDict({"train": loaded} if loaded else {})
-    splits = DatasetDict(dict(splits))
+        loaded = load_parallel_data(data.dataset, data.source_lang, data.target_lang, data.dataset_config_name)
+        splits = DatasetDict(dict(loaded) if isinstance(loaded, DatasetDict) else {"train": loaded})
     for split in SPLITS:
         source, target = getattr(data, f"{split}_source_file"), getattr(data, f"{split}_target_file")
         if (source is None) != (target is None):
@@ -218,6 +232,7 @@ def run(model_args: ModelArguments, data: DataArguments, recipe: RecipeArguments
         compute_metrics=build_compute_metrics(tokenizer),
         noam_schedule=NoamLambda(model.config.d_model, recipe.noam_warmup_steps, recipe.noam_factor)
         if recipe.lr_scheduler == "noam" else None,
+        max_tokens_per_batch=recipe.max_tokens_per_batch,
     )
     train_result = trainer.train(resume_from_checkpoint=args.resume_from_checkpoint)
 
@@ -226,21 +241,39 @@ def run(model_args: ModelArguments, data: DataArguments, recipe: RecipeArguments
     model.config.use_cache = True
     model.generation_config = generation_config
     results = {"train": {**train_result.metrics, "length_filter": train_report.as_dict()}}
+    trainer.save_model(args.output_dir)  # on every rank: FSDP and DeepSpeed gather the weights collectively
     if trainer.is_world_process_zero():
-        trainer.save_model(args.output_dir)
-        tokenizer.save_pretrained(args.output_dir)
+        folder = Path(args.output_dir)
+        tokenizer.save_pretrained(folder)
+        add_translation_pipeline(folder)
         evaluation_split = "test" if "test" in raw else "validation" if "validation" in raw else None
+        scores = None
         if evaluation_split is not None:
             scores, hypotheses = evaluate_bleu(model, tokenizer, raw[evaluation_split], data,
                                                args.per_device_eval_batch_size)
             results[evaluation_split] = scores
-            Path(args.output_dir, f"{evaluation_split}_translations.txt").write_text(
-                "".join(h + "\n" for h in hypotheses), encoding="utf-8")
-        Path(args.output_dir, "results.json").write_text(json.dumps(results, indent=2, default=str))
+            (folder / f"{evaluation_split}_translations.txt").write_text("".join(h + "\n" for h in hypotheses),
+                                                                         encoding="utf-8")
+        (folder / "results.json").write_text(json.dumps(results, indent=2, default=str))
+        card = render_model_card(
+            folder, languages=[data.source_lang, data.target_lang], license=model_args.license, datasets=None,
+            eval_results=None if scores is None else {**scores, "dataset_split": evaluation_split},
+            dataset_name=_dataset_name(data),
+            training_summary=f"{trainer.state.global_step} optimizer steps of the paper's recipe "
+                             f"(scripts/train.py; see results.json and training_curves.png).",
+        )
+        card.save(folder / "README.md")
+        check_hub_folder(folder)
         plot_path = Path(args.output_dir, "training_curves.png")
         from .plots import plot_training_curves  # matplotlib only where a plot is drawn
         plot_training_curves(trainer.state.log_history, plot_path)
     return results
+
+
+def _dataset_name(data: DataArguments) -> str:
+    if data.train_source_file:
+        return f"{Path(data.train_source_file).parent.name} ({data.source_lang}-{data.target_lang})"
+    return "vanilla_transformer built-in English-German task" if data.dataset == "builtin" else data.dataset
 
 
 def evaluate_bleu(model, tokenizer, split, data: DataArguments, batch_size: int = 64,
