@@ -13,7 +13,6 @@ import json
 import os
 import re
 import shutil
-import tempfile
 from contextlib import ExitStack
 from pathlib import Path
 
@@ -66,7 +65,7 @@ def weight_files(folder: str | os.PathLike) -> dict[str, list[str]]:
     if (folder / SINGLE_FILE).is_file():
         with safe_open(folder / SINGLE_FILE, framework="pt") as f:
             return {SINGLE_FILE: list(f.keys())}
-    pickles = sorted(p.name for p in folder.glob("*.bin")) + sorted(p.name for p in folder.glob("*.pt*"))
+    pickles = sorted(p.name for p in folder.glob("pytorch_model*.bin"))
     if pickles:
         raise ValueError(f"{folder} holds only pickled weights ({', '.join(pickles)}); only safetensors are "
                          "supported, because loading a pickle can run arbitrary code. Re-save the model with "
@@ -150,8 +149,9 @@ def average_checkpoints(folders: list[str | os.PathLike], output_dir: str | os.P
     _check_compatible(folders, locations)
     newest = folders[-1]
 
-    output_dir.parent.mkdir(parents=True, exist_ok=True)
-    staging = Path(tempfile.mkdtemp(prefix=f".{output_dir.name}.", dir=output_dir.parent))
+    # Written beside the output and renamed at the end, so the output appears whole or not at all.
+    staging = output_dir.with_name(f".{output_dir.name}.partial-{os.getpid()}")
+    staging.mkdir(parents=True)
     try:
         with ExitStack() as stack:
             handles = {}  # one memory-mapped handle per input file, opened once
@@ -171,7 +171,7 @@ def average_checkpoints(folders: list[str | os.PathLike], output_dir: str | os.P
         copy_side_files(newest, staging)
         if output_dir.exists():
             output_dir.rmdir()  # checked empty above
-        staging.rename(output_dir)  # the output appears whole or not at all
+        staging.rename(output_dir)
     except BaseException:
         shutil.rmtree(staging, ignore_errors=True)
         raise

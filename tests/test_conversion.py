@@ -1,0 +1,172 @@
+"""Conversion from MarianMTModel (OPUS-MT): the converted model computes what Marian computes."""
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+from transformers import AutoModelForSeq2SeqLM, MarianConfig, MarianMTModel
+from transformers.models.marian.modeling_marian import MarianSinusoidalPositionalEmbedding
+
+from conftest import VOCAB, tiny_tokenizer
+from vanilla_transformer import VanillaTransformerForConditionalGeneration, conversion
+from vanilla_transformer.conversion import convert_marian, residual_permutation
+from vanilla_transformer.modeling_vanilla_transformer import SinusoidalPositionalEncoding
+
+ROOT = Path(__file__).resolve().parents[1]
+PAD = VOCAB - 1  # Marian puts pad last and decodes from it
+# In float32 the matmul sums run in another order and the two position tables are rounded differently:
+# observed max |Δlogit| 1.6e-5 to 2.9e-5 on logits up to ~22 (~1e-6 relative), the size of Marian's own
+# eager-vs-sdpa difference (1.0e-5 to 1.7e-5). In float64 with one shared position table: 5e-14.
+ATOL_FLOAT32 = 1e-4
+CLI_ENV = {**os.environ, "HF_HUB_OFFLINE": "1", "OMP_NUM_THREADS": "1"}
+
+
+@pytest.fixture(autouse=True, scope="module")
+def one_thread():
+    """Tiny models gain nothing from intra-op threads, and on a busy CPU the threads' contention made these
+    tests ~10x slower; restored afterwards so other test files keep their setting."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
+def tiny_marian(seed=0, **overrides) -> MarianMTModel:
+    """A random OPUS-MT-like model: swish, scaled embeddings, post-LN, pad = decoder start, eos = 0.
+
+    Weights are drawn larger than Marian's init and the LayerNorm weights and biases are perturbed, so
+    that the logits vary and a wrong permutation of the LayerNorm parameters could not go unnoticed.
+    """
+    torch.manual_seed(seed)
+    config = MarianConfig(**{**dict(
+        vocab_size=VOCAB, d_model=32, encoder_layers=2, decoder_layers=2, encoder_attention_heads=4,
+        decoder_attention_heads=4, encoder_ffn_dim=64, decoder_ffn_dim=64, activation_function="swish",
+        scale_embedding=True, dropout=0.0, max_position_embeddings=64, pad_token_id=PAD,
+        decoder_start_token_id=PAD, eos_token_id=0, forced_eos_token_id=0), **overrides})
+    model = MarianMTModel(config).eval()
+    with torch.no_grad():
+        for name, parameter in model.named_parameters():
+            if "embed_positions" in name:
+                continue
+            if name.endswith("layer_norm.weight"):
+                parameter.copy_(1 + 0.5 * torch.randn_like(parameter))
+            elif name == "model.shared.weight":
+                parameter.normal_(0, 1.0)
+            elif name.endswith("weight"):
+                parameter.normal_(0, 0.2)
+            else:
+                parameter.normal_(0, 0.1)
+    model.generation_config.bad_words_ids = [[PAD]]  # as in OPUS-MT's generation_config.json
+    return model
+
+
+def padded_batch(seed=1):
+    generator = torch.Generator().manual_seed(seed)
+    input_ids = torch.randint(1, PAD, (4, 9), generator=generator)
+    attention_mask = torch.ones_like(input_ids)
+    attention_mask[1, 6:] = 0
+    attention_mask[2, 3:] = 0
+    input_ids[attention_mask == 0] = PAD
+    decoder_input_ids = torch.randint(0, PAD, (4, 7), generator=generator)
+    decoder_input_ids[:, 0] = PAD
+    return input_ids, attention_mask, decoder_input_ids
+
+
+def logits(model, input_ids, attention_mask, decoder_input_ids):
+    with torch.no_grad():
+        return model(input_ids=input_ids, attention_mask=attention_mask, decoder_input_ids=decoder_input_ids).logits
+
+
+@pytest.mark.parametrize("d_model", [32, 33])
+def test_permuted_marian_positions_are_the_papers_interleaved_positions(d_model):
+    marian = MarianSinusoidalPositionalEmbedding(512, d_model).create_weight()
+    ours = SinusoidalPositionalEncoding(d_model)(torch.arange(512))
+    # Marian's table is computed in float64, ours in float32: about 2e-5 apart at position 500.
+    torch.testing.assert_close(ours, marian[:, residual_permutation(d_model)], atol=5e-5, rtol=0)
+
+
+def test_converted_model_gives_the_same_logits():
+    marian = tiny_marian()
+    converted = convert_marian(marian)
+    assert isinstance(converted, VanillaTransformerForConditionalGeneration)
+    assert converted.config.activation_function == "swish" and not converted.config.normalize_before
+    assert converted.config.decoder_start_token_id == PAD
+    batch = padded_batch()
+    expected, actual = logits(marian, *batch), logits(converted, *batch)
+    assert expected.std() > 1  # the logits carry information, not just noise around zero
+    torch.testing.assert_close(actual, expected, atol=ATOL_FLOAT32, rtol=0)
+
+
+def test_the_mapping_is_exact_in_float64_given_the_same_position_table(monkeypatch):
+    """Marian builds its table in float32 (even for a float64 model) and we compute ours in float32 arithmetic,
+    so the tables differ by ~1e-7. Given Marian's own table, permuted, the rest of the mapping is exact."""
+    marian = tiny_marian().double()
+    table = MarianSinusoidalPositionalEmbedding(64, 32).create_weight().double()[:, residual_permutation(32)]
+    monkeypatch.setattr(SinusoidalPositionalEncoding, "forward", lambda self, positions: table[positions])
+    batch = padded_batch()
+    torch.testing.assert_close(logits(convert_marian(marian), *batch), logits(marian, *batch), atol=1e-12, rtol=0)
+
+
+def test_without_the_permutation_the_logits_differ(monkeypatch):
+    """The control: the LayerNorm perturbation makes the permutation matter."""
+    marian = tiny_marian()
+    monkeypatch.setattr(conversion, "residual_permutation", lambda d_model: torch.arange(d_model))
+    batch = padded_batch()
+    assert (logits(convert_marian(marian), *batch) - logits(marian, *batch)).abs().max() > 0.1
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_greedy_and_beam_search_translate_identically(seed):
+    marian = tiny_marian(seed)
+    converted = convert_marian(marian)
+    input_ids, attention_mask, _ = padded_batch()
+    for kwargs in [dict(num_beams=1), dict(num_beams=4), dict(num_beams=4, num_return_sequences=2)]:
+        expected = marian.generate(input_ids=input_ids, attention_mask=attention_mask, max_new_tokens=12, **kwargs)
+        actual = converted.generate(input_ids=input_ids, attention_mask=attention_mask, max_new_tokens=12, **kwargs)
+        assert torch.equal(actual, expected), kwargs
+        assert len(set(expected[:, 1:].flatten().tolist())) > 2  # not one token repeated
+    # With no arguments both use Marian's generation config (our §6.1 defaults are not applied).
+    assert torch.equal(converted.generate(input_ids=input_ids, attention_mask=attention_mask),
+                       marian.generate(input_ids=input_ids, attention_mask=attention_mask))
+
+
+def test_a_nonzero_final_logits_bias_is_refused():
+    marian = tiny_marian()
+    marian.final_logits_bias[0, 5] = -0.25
+    with pytest.raises(ValueError, match=r"final_logits_bias is not zero \(max \|value\| 0\.25\)"):
+        convert_marian(marian)
+
+
+def test_separate_vocabularies_are_refused():
+    marian = tiny_marian(share_encoder_decoder_embeddings=False)
+    with pytest.raises(ValueError, match="shared source/target vocabulary"):
+        convert_marian(marian)
+
+
+def test_command_line_tool_converts_a_saved_folder(tmp_path):
+    marian = tiny_marian()
+    marian.save_pretrained(tmp_path / "marian")
+    tiny_tokenizer().save_pretrained(tmp_path / "marian")  # stands in for Marian's sentencepiece files
+    command = [sys.executable, str(ROOT / "scripts" / "convert_marian_to_vanilla.py"),
+               "--marian_dir", str(tmp_path / "marian"), "--output_dir", str(tmp_path / "vanilla")]
+    result = subprocess.run(command, capture_output=True, text=True, env=CLI_ENV,
+                            timeout=120)
+    assert result.returncode == 0, result.stderr
+
+    converted = AutoModelForSeq2SeqLM.from_pretrained(tmp_path / "vanilla").eval()
+    assert converted.config.model_type == "vanilla_transformer"
+    saved = {path.name for path in (tmp_path / "vanilla").iterdir()}
+    assert {"tokenizer.json", "modeling_vanilla_transformer.py", "generation_config.json"} <= saved
+    assert converted.generation_config.bad_words_ids == [[PAD]]
+    reloaded_marian = MarianMTModel.from_pretrained(tmp_path / "marian").eval()
+    batch = padded_batch()
+    torch.testing.assert_close(logits(converted, *batch), logits(reloaded_marian, *batch), atol=ATOL_FLOAT32, rtol=0)
+    input_ids, attention_mask, _ = batch
+    assert torch.equal(converted.generate(input_ids=input_ids, attention_mask=attention_mask, num_beams=4),
+                       reloaded_marian.generate(input_ids=input_ids, attention_mask=attention_mask, num_beams=4))
+
+    with pytest.raises(ValueError, match="not empty"):  # a second run never overwrites the first
+        convert_marian(tmp_path / "marian", tmp_path / "vanilla")
