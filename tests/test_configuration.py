@@ -61,6 +61,12 @@ def test_invalid_values_are_refused_with_field_and_value(field, value, error):
     assert repr(value) in str(raised.value) or str(value) in str(raised.value)
 
 
+def test_several_end_of_sequence_ids_are_allowed_but_checked():
+    assert VanillaTransformerConfig(eos_token_id=[2, 5]).eos_token_id == [2, 5]
+    with pytest.raises(ValueError, match="eos_token_id"):
+        VanillaTransformerConfig(vocab_size=10, eos_token_id=[2, 50])
+
+
 def test_hand_edited_config_json_is_refused_on_load(tmp_path):
     VanillaTransformerConfig.from_preset("tiny", vocab_size=100).save_pretrained(tmp_path)
     path = tmp_path / "config.json"

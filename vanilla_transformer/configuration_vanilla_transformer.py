@@ -60,7 +60,7 @@ class VanillaTransformerConfig(PreTrainedConfig):
     tie_word_embeddings: bool = True
     pad_token_id: int | None = 0
     bos_token_id: int | None = 1
-    eos_token_id: int | None = 2
+    eos_token_id: int | list[int] | None = 2
     decoder_start_token_id: int | None = 1
 
     def __post_init__(self, **kwargs):
@@ -104,7 +104,8 @@ class VanillaTransformerConfig(PreTrainedConfig):
             raise ValueError(f"`layer_norm_eps` must be a positive number, got {self.layer_norm_eps!r}.")
         for name in ["pad_token_id", "bos_token_id", "eos_token_id", "decoder_start_token_id"]:
             value = getattr(self, name)
-            if value is not None and (not isinstance(value, int) or not 0 <= value < self.vocab_size):
+            ids = value if name == "eos_token_id" and isinstance(value, list) else [value]  # several eos allowed
+            if value is not None and not all(isinstance(i, int) and 0 <= i < self.vocab_size for i in ids):
                 raise ValueError(
                     f"`{name}` must be None or an id inside the vocabulary [0, {self.vocab_size}), got {value!r}."
                 )

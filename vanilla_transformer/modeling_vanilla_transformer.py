@@ -271,6 +271,7 @@ class _Stack(VanillaTransformerPreTrainedModel):
         self.layer_norm = nn.LayerNorm(config.d_model, eps=config.layer_norm_eps) if config.normalize_before else None
 
     def embed(self, input_ids, inputs_embeds, past_length=0):
+        # `inputs_embeds` are taken as given, already scaled (the BART convention); only ids get the sqrt(d) scale.
         if (input_ids is None) == (inputs_embeds is None):
             raise ValueError("Pass exactly one of `input_ids` and `inputs_embeds`.")
         if inputs_embeds is None:
