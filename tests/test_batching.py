@@ -1,0 +1,167 @@
+"""Token-based batching (§5.1): the promises of `TokenBucketBatchSampler` and its wiring into PaperTrainer."""
+
+import json
+import runpy
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from datasets import Dataset
+from transformers import DataCollatorForSeq2Seq
+
+from conftest import tiny_model, tiny_tokenizer
+from vanilla_transformer import batching
+from vanilla_transformer.batching import TokenBucketBatchSampler, batch_cost, padding_stats
+from vanilla_transformer.training import PaperTrainer, TranslationTrainingArguments
+
+ROOT = Path(__file__).resolve().parents[1]
+BUDGET = 120
+
+
+def lengths(n=500, seed=0, longest=40):
+    rng = np.random.default_rng(seed)
+    source = rng.integers(1, longest, n)
+    target = np.clip(source + rng.integers(-5, 6, n), 1, None)
+    source[:3] = [BUDGET + 7, 2, 3]  # one example longer than the whole budget
+    return source, target
+
+
+def sampler(epoch=0, **kwargs):
+    source, target = lengths()
+    values = dict(max_tokens=BUDGET, seed=1, **kwargs)
+    result = TokenBucketBatchSampler(source, target, **values)
+    result.set_epoch(epoch)
+    return result
+
+
+def test_every_example_appears_exactly_once_per_epoch():
+    for epoch in range(3):
+        batches = list(sampler(epoch))
+        assert sorted(i for batch in batches for i in batch) == list(range(500))
+
+
+def test_no_batch_exceeds_the_budget_except_a_single_over_long_example():
+    source, target = lengths()
+    batches = list(sampler())
+    over = [b for b in batches if batch_cost(source[b], target[b]) > BUDGET]
+    assert over == [[0]]  # the over-long example, alone
+    # Greedy packing: most batches are nearly full, and sorting keeps padding low.
+    assert padding_stats(batches, source, target)["efficiency"] > 0.85
+
+
+def test_the_same_seed_and_epoch_give_the_same_batches_and_other_epochs_differ():
+    assert list(sampler(epoch=2)) == list(sampler(epoch=2))
+    assert list(sampler(epoch=2)) != list(sampler(epoch=3))
+    source, target = lengths()
+    assert list(sampler(epoch=2)) != list(TokenBucketBatchSampler(source, target, BUDGET, seed=2))
+    # Not only the order: the compositions change between epochs too (equal-length pairs trade places).
+    as_sets = [{frozenset(b) for b in sampler(epoch=e)} for e in (0, 1)]
+    assert as_sets[0] != as_sets[1]
+
+
+def test_len_is_exact_and_the_same_in_every_epoch():
+    counts = {len(list(sampler(epoch))) for epoch in range(4)}
+    assert counts == {len(sampler())}
+
+
+@pytest.mark.parametrize("num_replicas", [2, 3])
+def test_ranks_get_disjoint_shares_of_equal_size_that_cover_the_data(num_replicas):
+    shares = [list(sampler(epoch=1, num_replicas=num_replicas, rank=r)) for r in range(num_replicas)]
+    assert len({len(share) for share in shares}) == 1
+    assert all(len(share) == len(sampler(num_replicas=num_replicas, rank=r)) for r, share in enumerate(shares))
+    seen = [i for share in shares for batch in share for i in batch]
+    assert sorted(seen) == list(range(500))  # disjoint and complete: nothing dropped, nothing repeated
+    single = len(sampler())
+    assert single <= num_replicas * len(shares[0]) < single + num_replicas  # at most replicas - 1 batches split
+
+
+def test_an_odd_batch_count_is_evened_out_by_splitting_not_dropping():
+    source = target = np.full(6, 10)  # six one-example batches at a budget of 10, plus one of two that splits
+    odd = TokenBucketBatchSampler(np.append(source, [5, 5]), np.append(target, [5, 5]), 10, num_replicas=2)
+    assert len(odd) == 4 and not odd._num_repeated
+    # Fewer examples than ranks can fill: batches are repeated so every rank still steps together.
+    tiny = [TokenBucketBatchSampler([4, 4, 4], [4, 4, 4], 4, num_replicas=2, rank=r) for r in (0, 1)]
+    assert [len(list(s)) for s in tiny] == [2, 2]
+
+
+def test_bad_arguments_are_refused():
+    with pytest.raises(ValueError, match="max_tokens"):
+        TokenBucketBatchSampler([1], [1], 0)
+    with pytest.raises(ValueError, match="same size"):
+        TokenBucketBatchSampler([1, 2], [1], 10)
+    with pytest.raises(ValueError, match="rank"):
+        TokenBucketBatchSampler([1], [1], 10, num_replicas=2, rank=2)
+
+
+def tokenized_split(n=64, seed=0):
+    rng = np.random.default_rng(seed)
+    rows = {"input_ids": [], "attention_mask": [], "labels": []}
+    for _ in range(n):
+        s, t = rng.integers(2, 15, 2)
+        rows["input_ids"].append(rng.integers(4, 48, s).tolist() + [2])
+        rows["attention_mask"].append([1] * (s + 1))
+        rows["labels"].append(rng.integers(4, 48, t).tolist() + [2])
+    return Dataset.from_dict(rows)
+
+
+def test_paper_trainer_trains_on_token_batches_and_counts_epochs_and_items(tmp_path):
+    model, tokenizer, dataset = tiny_model(), tiny_tokenizer(), tokenized_split()
+    args = TranslationTrainingArguments(output_dir=str(tmp_path), num_train_epochs=1, gradient_accumulation_steps=2,
+                                        report_to="none", save_strategy="no", use_cpu=True, logging_steps=1,
+                                        learning_rate=1e-3, generation_num_beams=None)
+    trainer = PaperTrainer(model=model.train(), args=args, train_dataset=dataset, max_tokens_per_batch=64,
+                           data_collator=DataCollatorForSeq2Seq(tokenizer, model=model, label_pad_token_id=-100))
+    loader = trainer.get_train_dataloader()
+    batches = list(loader)
+    assert len(batches) == len(loader)
+    assert sum(len(b["input_ids"]) for b in batches) == len(dataset)
+    for b in batches:
+        assert b["input_ids"].numel() <= 64 and b["labels"].numel() <= 64  # padded size counts
+    # num_items_in_batch: the real target tokens of the whole optimizer step.
+    _, items = trainer.get_batch_samples(iter(batches[:2]), 2, torch.device("cpu"))
+    assert int(items) == sum(int((b["labels"] != -100).sum()) for b in batches[:2])
+    trainer.train()
+    assert trainer.state.global_step == -(-len(loader) // 2)  # epochs are counted in token batches
+
+
+def test_train_script_runs_with_a_token_budget(tmp_path, monkeypatch):
+    rng = np.random.default_rng(0)
+    words = ["ein", "Hund", "läuft", "über", "die", "Wiese", "a", "dog", "runs", "across", "the", "meadow"]
+    for split, n in (("train", 80), ("val", 4)):
+        lines = [" ".join(rng.choice(words, rng.integers(2, 12))) for _ in range(n)]
+        (tmp_path / f"{split}.en").write_text("\n".join(lines) + "\n")
+        (tmp_path / f"{split}.de").write_text("\n".join(reversed(lines)) + "\n")
+    seen = []
+    monkeypatch.setattr("vanilla_transformer.training.token_batch_train_dataloader",
+                        lambda trainer, budget: seen.append(budget) or batching.token_batch_train_dataloader(
+                            trainer, budget))
+    main = runpy.run_path(str(ROOT / "scripts" / "train.py"), run_name="cli")["main"]
+    out = tmp_path / "run"
+    main(["--output_dir", str(out), "--preset", "tiny", "--vocab_size", "200", "--max_tokens_per_batch", "96",
+          "--max_steps", "3", "--noam_warmup_steps", "2", "--report_to", "none", "--save_strategy", "no",
+          "--eval_strategy", "no", "--use_cpu", "--generation_max_length", "8",
+          "--train_source_file", str(tmp_path / "train.en"), "--train_target_file", str(tmp_path / "train.de"),
+          "--validation_source_file", str(tmp_path / "val.en"), "--validation_target_file", str(tmp_path / "val.de")])
+    assert seen == [96]
+    results = json.loads((out / "results.json").read_text())
+    assert np.isfinite(results["train"]["train_loss"]) and "bleu" in results["validation"]
+
+
+# The quality-parity baseline (vanilla_transformer/parity.py) rests on two promises, checked here cheaply.
+def test_the_marian_baseline_computes_our_network_and_trains_on_our_objective():
+    from transformers import MarianMTModel
+
+    from conftest import random_batch
+    from vanilla_transformer.parity import copy_our_weights_into_marian, label_smoothed_loss_func, marian_twin
+
+    ours = tiny_model(label_smoothing=0.1)
+    marian = MarianMTModel(marian_twin(ours.config)).eval()
+    copy_our_weights_into_marian(ours, marian)
+    input_ids, attention_mask, labels = random_batch()
+    labels[1, -2:] = -100
+    batch = dict(input_ids=input_ids, attention_mask=attention_mask, labels=labels)
+    with torch.no_grad():
+        expected, got = ours(**batch, num_items_in_batch=torch.tensor(11)), marian(**batch)
+    torch.testing.assert_close(got.logits, expected.logits, atol=1e-5, rtol=1e-5)
+    assert label_smoothed_loss_func(0.1)(expected, labels, torch.tensor(11)).item() == expected.loss.item()
