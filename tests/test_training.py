@@ -93,3 +93,22 @@ def test_the_demo_runs_end_to_end_in_short_form(tmp_path, monkeypatch, capsys):
     printed = capsys.readouterr().out
     assert "BLEU on the built-in test split" in printed and "identical to the trained model" in printed
     assert (tmp_path / "demo" / "model" / "training_curves.png").stat().st_size > 10_000
+
+
+def test_resume_true_picks_the_newest_complete_checkpoint(tmp_path):
+    from vanilla_transformer.training import resolve_checkpoint
+
+    for step, complete in ((2, True), (10, True), (12, False)):  # 12: killed mid-save, no trainer_state.json
+        folder = tmp_path / f"checkpoint-{step}"
+        folder.mkdir()
+        if complete:
+            (folder / "trainer_state.json").write_text("{}")
+    assert resolve_checkpoint("True", str(tmp_path)) == str(tmp_path / "checkpoint-10")
+    assert resolve_checkpoint("last", str(tmp_path)) == str(tmp_path / "checkpoint-10")
+    assert resolve_checkpoint(None, str(tmp_path)) is None
+    assert resolve_checkpoint("somewhere/checkpoint-3", str(tmp_path)) == "somewhere/checkpoint-3"
+    # Two ranks: a checkpoint needs both ranks' RNG states to be complete.
+    with pytest.raises(ValueError, match="no complete checkpoint"):
+        resolve_checkpoint("true", str(tmp_path), world_size=2)
+    with pytest.raises(ValueError, match="no complete checkpoint"):
+        resolve_checkpoint("true", str(tmp_path / "empty"))

@@ -18,6 +18,8 @@ from transformers import (
     GenerationConfig,
     Seq2SeqTrainer,
     Seq2SeqTrainingArguments,
+    enable_full_determinism,
+    set_seed,
 )
 
 from .batching import token_batch_train_dataloader
@@ -185,10 +187,8 @@ def build_model(model_args: ModelArguments, recipe: RecipeArguments, tokenizer):
     overrides = {**_parse_overrides(model_args.config_overrides), "label_smoothing": recipe.label_smoothing}
     kwargs = {"attn_implementation": model_args.attn_implementation} if model_args.attn_implementation else {}
     if model_args.model_name_or_path is not None:
-        model = AutoModelForSeq2SeqLM.from_pretrained(model_args.model_name_or_path, **kwargs)
-        for name, value in overrides.items():
-            setattr(model.config, name, value)
-        return model
+        # Passed to from_pretrained so they reach the modules (dropout rates), not only the config object.
+        return AutoModelForSeq2SeqLM.from_pretrained(model_args.model_name_or_path, **overrides, **kwargs)
     special = dict(pad_token_id=tokenizer.pad_token_id, bos_token_id=tokenizer.bos_token_id,
                    eos_token_id=tokenizer.eos_token_id, decoder_start_token_id=tokenizer.bos_token_id)
     if model_args.config_file is not None:
@@ -207,6 +207,8 @@ def run(model_args: ModelArguments, data: DataArguments, recipe: RecipeArguments
         raise ValueError(f"--lr_scheduler must be 'noam' or 'trainer', got {recipe.lr_scheduler!r}.")
     raw = load_raw_splits(data)
     tokenizer = build_tokenizer(model_args, raw["train"], data)
+    # Seed before the weights are drawn: Trainer seeds only later, and every rank must start from the same model.
+    (enable_full_determinism if args.full_determinism else set_seed)(args.seed)
     model = build_model(model_args, recipe, tokenizer)
     generation_config = GenerationConfig.from_dict(model.generation_config.to_dict())
 
@@ -234,14 +236,18 @@ def run(model_args: ModelArguments, data: DataArguments, recipe: RecipeArguments
         if recipe.lr_scheduler == "noam" else None,
         max_tokens_per_batch=recipe.max_tokens_per_batch,
     )
-    train_result = trainer.train(resume_from_checkpoint=args.resume_from_checkpoint)
+    train_result = trainer.train(resume_from_checkpoint=resolve_checkpoint(args.resume_from_checkpoint,
+                                                                            args.output_dir, args.world_size))
 
     # Trainer switches the cache off for training and evaluation fills the generation config with
     # global defaults; restore both so the saved model decodes as the paper does.
     model.config.use_cache = True
     model.generation_config = generation_config
     results = {"train": {**train_result.metrics, "length_filter": train_report.as_dict()}}
+    if trainer.is_fsdp_enabled:  # one loadable safetensors file, not shards, in the final folder
+        trainer.accelerator.state.fsdp_plugin.set_state_dict_type("FULL_STATE_DICT")
     trainer.save_model(args.output_dir)  # on every rank: FSDP and DeepSpeed gather the weights collectively
+    trainer.accelerator.wait_for_everyone()
     if trainer.is_world_process_zero():
         folder = Path(args.output_dir)
         tokenizer.save_pretrained(folder)
@@ -249,7 +255,11 @@ def run(model_args: ModelArguments, data: DataArguments, recipe: RecipeArguments
         evaluation_split = "test" if "test" in raw else "validation" if "validation" in raw else None
         scores = None
         if evaluation_split is not None:
-            scores, hypotheses = evaluate_bleu(model, tokenizer, raw[evaluation_split], data,
+            # Sharded weights (FSDP, ZeRO-3) cannot generate on one rank alone: evaluate the saved model.
+            sharded = trainer.is_fsdp_enabled or (trainer.is_deepspeed_enabled and
+                                                  trainer.accelerator.state.deepspeed_plugin.zero_stage == 3)
+            eval_model = AutoModelForSeq2SeqLM.from_pretrained(folder).to(args.device) if sharded else model
+            scores, hypotheses = evaluate_bleu(eval_model, tokenizer, raw[evaluation_split], data,
                                                args.per_device_eval_batch_size)
             results[evaluation_split] = scores
             (folder / f"{evaluation_split}_translations.txt").write_text("".join(h + "\n" for h in hypotheses),
@@ -268,6 +278,21 @@ def run(model_args: ModelArguments, data: DataArguments, recipe: RecipeArguments
         from .plots import plot_training_curves  # matplotlib only where a plot is drawn
         plot_training_curves(trainer.state.log_history, plot_path)
     return results
+
+
+def resolve_checkpoint(resume: str | bool | None, output_dir: str, world_size: int = 1) -> str | None:
+    """--resume_from_checkpoint PATH as given; "true"/"last" means the newest *complete* checkpoint-N of
+    output_dir. Trainer writes checkpoints in place, so a run killed mid-save can leave a newer, partial one."""
+    if resume is None or resume is False or str(resume).lower() in ("false", "none", ""):
+        return None
+    if str(resume).lower() not in ("true", "last"):
+        return str(resume)
+    complete = [path for path in Path(output_dir).glob("checkpoint-*") if path.name.split("-")[-1].isdigit()
+                and (path / "trainer_state.json").is_file()
+                and (world_size == 1 or len(list(path.glob("rng_state_*.pth"))) >= world_size)]
+    if not complete:
+        raise ValueError(f"--resume_from_checkpoint {resume}: no complete checkpoint-N folder in {output_dir}.")
+    return str(max(complete, key=lambda path: int(path.name.split("-")[-1])))
 
 
 def _dataset_name(data: DataArguments) -> str:
@@ -290,4 +315,4 @@ def evaluate_bleu(model, tokenizer, split, data: DataArguments, batch_size: int 
 
 
 __all__ = ["ModelArguments", "DataArguments", "RecipeArguments", "TranslationTrainingArguments", "PaperTrainer",
-           "run", "evaluate_bleu", "load_raw_splits", "build_tokenizer", "build_model"]
+           "run", "resolve_checkpoint", "evaluate_bleu", "load_raw_splits", "build_tokenizer", "build_model"]
