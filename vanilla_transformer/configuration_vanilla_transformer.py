@@ -54,6 +54,7 @@ class VanillaTransformerConfig(PreTrainedConfig):
     layer_norm_eps: float = 1e-5
     # §5.4: label smoothing of 0.1, applied inside the model's loss so it works with any collator.
     label_smoothing: float = 0.1
+    # Standard deviation of the normal initialisation of every weight matrix (the paper does not say).
     init_std: float = 0.02
     use_cache: bool = True
     is_encoder_decoder: bool = True
@@ -100,6 +101,8 @@ class VanillaTransformerConfig(PreTrainedConfig):
             raise ValueError(
                 f"Unknown `activation_function` {self.activation_function!r}; choose one of {sorted(ACT2FN)}."
             )
+        if not isinstance(self.init_std, (int, float)) or self.init_std <= 0:
+            raise ValueError(f"`init_std` must be a positive number, got {self.init_std!r}.")
         if not isinstance(self.layer_norm_eps, (int, float)) or self.layer_norm_eps <= 0:
             raise ValueError(f"`layer_norm_eps` must be a positive number, got {self.layer_norm_eps!r}.")
         for name in ["pad_token_id", "bos_token_id", "eos_token_id", "decoder_start_token_id"]:
