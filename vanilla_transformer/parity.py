@@ -14,9 +14,8 @@ one objective the two should translate equally well. What is the same for both:
   model's built-in loss bit for bit;
 - decoding for BLEU: one `GenerationConfig` (beam 4, length penalty 0.6 as |Y|^0.6, at most 128 new tokens).
 
-What differs is the implementation, and by default (`init="own"`) the initialisation: each library's own
-(ours: tensor2tensor's Xavier-uniform projections and N(0, d^-1/2) embeddings; Marian: N(0, 0.02)
-everywhere). With `init="ours"` or `init="marian"` both start from the same weights, one model's initial
+What differs is the implementation, and by default (`init="own"`) the initial weights: each library draws
+its own (both N(0, init_std=0.02) everywhere). With `init="ours"` or `init="marian"` both start from the same weights, one model's initial
 weights mapped onto the other through `conversion.residual_permutation` (the two then compute the same
 function to float rounding), so the comparison isolates the forward/backward code.
 
@@ -369,7 +368,7 @@ def write_report(results: dict, output_dir, command: str) -> dict[str, Path]:
         f"\nGreedy BLEU of {kind} on the first {s['bleu_curve_samples']} validation sentences, by step: "
         + ", ".join(f"{step}: {bleu:.1f}" for step, bleu in runs[kind]["greedy_bleu_curve"]) + "."
         for kind in MODELS if runs[kind].get("greedy_bleu_curve"))
-    init = {"own": "each library's own (ours: Xavier-uniform, N(0, d^-1/2) embeddings; Marian: N(0, 0.02))",
+    init = {"own": "each library's own (both N(0, 0.02), drawn independently)",
             "ours": "both from our initial weights", "marian": "both from Marian's initial weights"}[s["init"]]
     if "initial_logit_gap" in results["checks"]:
         init += f" (initial logits differ by at most {results['checks']['initial_logit_gap']:.1e})"
