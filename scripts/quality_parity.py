@@ -1,7 +1,7 @@
 #!/usr/bin/env python
 """Train our Transformer and a MarianMTModel of the same shape the same way on Multi30k en->de; compare BLEU.
 
-    python scripts/quality_parity.py --max_steps 1000 --max_tokens_per_batch 1000      # writes benchmarks/parity_*
+    python scripts/quality_parity.py --max_steps 1000 --max_tokens_per_batch 1000      # writes scripts/results/parity_*
     python scripts/quality_parity.py --preset tiny --max_steps 50 --output_dir /tmp/p   # a quick smoke run
 
 Skips (exit status 0, with the reason) where ../shared/data/multi30k is absent. See vanilla_transformer/parity.py.

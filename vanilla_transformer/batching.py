@@ -40,7 +40,7 @@ in "Total train batch size", which then means nothing), and so are `--dataloader
 `--train_sampling_strategy`.
 
 `python -m vanilla_transformer.batching` measures training throughput on Multi30k, token buckets against
-random batches of the same mean size (benchmarks/batching_multi30k.md).
+random batches of the same mean size (scripts/results/batching_multi30k.md).
 """
 
 from __future__ import annotations
@@ -346,7 +346,7 @@ def main(argv=None):
 
     parser = argparse.ArgumentParser(description=benchmark_multi30k.__doc__)
     parser.add_argument("--data_dir", default="../shared/data/multi30k")
-    parser.add_argument("--output", default="benchmarks/batching_multi30k", help="Writes OUTPUT.json and OUTPUT.md.")
+    parser.add_argument("--output", default="scripts/results/batching_multi30k", help="Writes OUTPUT.json and OUTPUT.md.")
     parser.add_argument("--max_tokens", type=int, default=2000)
     parser.add_argument("--steps", type=int, default=30)
     parser.add_argument("--warmup", type=int, default=2)

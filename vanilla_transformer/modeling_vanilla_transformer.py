@@ -246,7 +246,7 @@ class VanillaTransformerPreTrainedModel(PreTrainedModel):
     def _init_weights(self, module):
         # The paper leaves initialisation open. N(0, init_std=0.02) everywhere, the BART/Marian convention,
         # trained Multi30k to 21.9 BLEU in 600 steps where Xavier-uniform with N(0, d^-0.5) embeddings (tensor2tensor)
-        # reached 6.6 (benchmarks/parity_multi30k*.md): small post-LN residual branches start closer to identity.
+        # reached 6.6 (scripts/results/parity_multi30k*.md): small post-LN residual branches start closer to identity.
         if isinstance(module, nn.Linear):
             init.normal_(module.weight, mean=0.0, std=self.config.init_std)
             if module.bias is not None:

@@ -90,7 +90,7 @@ def shared_tokenizer_for(raw: DatasetDict, vocab_size: int, max_length: int = 12
 @dataclass
 class ParitySettings:
     data_dir: str = field(default="../shared/data/multi30k", metadata={"help": "Multi30k train/val .en/.de files."})
-    output_dir: str = field(default="benchmarks", metadata={"help": "Where the reports go."})
+    output_dir: str = field(default="scripts/results", metadata={"help": "Where the reports go."})
     work_dir: str | None = field(default=None, metadata={
         "help": "Tokenizer, tokenized data, translations; default: a new temporary folder, outside the "
                 "repository, since it holds Multi30k-derived files."})

@@ -1,0 +1,68 @@
+"""Benchmark ours against Marian (same shape) and a textbook no-cache decoder; see vanilla_transformer.benchmarking.
+
+    python scripts/benchmark.py                  # preset small, results into scripts/results/
+    python scripts/benchmark.py --preset base --repeats 3
+    python scripts/benchmark.py --quick          # seconds: checks the plumbing, numbers mean nothing
+    python scripts/benchmark.py --profile --threads 1   # operator and Python profiles of ours (vs Marian) instead
+"""
+
+import argparse
+import dataclasses
+import os
+from pathlib import Path
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+
+from vanilla_transformer.benchmarking import (  # noqa: E402
+    BenchmarkSpec,
+    profile_ours,
+    render_markdown,
+    run_benchmark,
+    write_results,
+)
+from vanilla_transformer.configuration_vanilla_transformer import PRESETS  # noqa: E402
+
+
+def main():
+    defaults = BenchmarkSpec()
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--preset", choices=sorted(PRESETS), default=None, help="model size (default: small)")
+    parser.add_argument("--vocab-size", type=int, help="default: 8000 for small, 37000 for base")
+    parser.add_argument("--batch-size", type=int, help=f"training batch (default {defaults.batch_size})")
+    parser.add_argument("--source-length", type=int, help=f"longest source (default {defaults.source_length})")
+    parser.add_argument("--target-length", type=int, help=f"longest training target (default {defaults.target_length})")
+    parser.add_argument("--generation-batch-size", type=int,
+                        help=f"sentences per decoding call (default {defaults.generation_batch_size})")
+    parser.add_argument("--new-tokens", type=int, help=f"tokens decoded per sentence (default {defaults.new_tokens})")
+    parser.add_argument("--num-beams", type=int, help=f"default {defaults.num_beams}")
+    parser.add_argument("--curve-lengths", type=int, nargs="+", help="output lengths of the beam-vs-textbook curve")
+    parser.add_argument("--curve-batch-size", type=int, help=f"default {defaults.curve_batch_size}")
+    parser.add_argument("--repeats", type=int, help=f"timed repeats per system (default {defaults.repeats})")
+    parser.add_argument("--threads", type=int, help="torch threads (default: all available cores)")
+    parser.add_argument("--no-memory", action="store_true", help="skip the peak-memory subprocesses")
+    parser.add_argument("--quick", action="store_true", help="tiny model and shapes, one repeat")
+    parser.add_argument("--profile", action="store_true", help="profile ours (training step, beam search) and exit")
+    parser.add_argument("--output-dir", type=Path, default=Path("scripts/results"))
+    args = parser.parse_args()
+
+    overrides = {field.name: getattr(args, field.name) for field in dataclasses.fields(BenchmarkSpec)
+                 if getattr(args, field.name, None) is not None}
+    if args.no_memory:
+        overrides["memory"] = False
+    spec = BenchmarkSpec.quick(**overrides) if args.quick else BenchmarkSpec(**overrides)
+
+    if args.profile:
+        args.output_dir.mkdir(parents=True, exist_ok=True)
+        path = args.output_dir / f"profile_{spec.preset}.txt"
+        path.write_text(profile_ours(spec))
+        print(f"wrote {path}")
+        return
+    results = run_benchmark(spec)
+    paths = write_results(results, args.output_dir)
+    print(render_markdown(results))
+    print("wrote " + ", ".join(str(p) for p in paths.values()))
+
+
+if __name__ == "__main__":
+    main()

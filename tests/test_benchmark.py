@@ -1,0 +1,101 @@
+"""The benchmark's promises: it compares like with like, and its reports are written. No timing is asserted."""
+
+import json
+
+import pytest
+import torch
+from torch.utils.flop_counter import FlopCounterMode
+
+from vanilla_transformer.benchmarking import (
+    BenchmarkSpec,
+    TextbookDecoder,
+    build_models,
+    generate_fixed_length,
+    max_positions,
+    parameter_counts,
+    run_benchmark,
+    source_batch,
+    training_batch,
+    training_flops,
+    write_results,
+)
+
+
+@pytest.fixture(scope="module")
+def spec():
+    return BenchmarkSpec.quick()
+
+
+@pytest.fixture(scope="module")
+def models(spec):
+    torch.set_num_threads(spec.threads)
+    return build_models(spec)
+
+
+def test_marian_has_our_shape_and_parameter_count(spec, models):
+    ours, marian = models["ours"], models["marian"]
+    # quick mode: tiny preset, vocabulary 1000 -> 297,472 trainable parameters in both.
+    assert parameter_counts(ours) == {"trainable": 297_472, "frozen": 0, "buffers": 0}
+    counts = parameter_counts(marian)
+    assert counts["trainable"] == 297_472
+    # What Marian holds beyond ours is never trained: two frozen sinusoid tables and `final_logits_bias`.
+    assert counts["frozen"] == 2 * max_positions(spec) * ours.config.d_model
+    assert counts["buffers"] == marian.final_logits_bias.numel() == ours.config.vocab_size
+    for field in ("d_model", "encoder_layers", "decoder_layers", "encoder_attention_heads", "decoder_attention_heads",
+                  "encoder_ffn_dim", "decoder_ffn_dim", "vocab_size", "activation_function", "scale_embedding",
+                  "pad_token_id", "eos_token_id", "decoder_start_token_id", "dropout"):
+        assert getattr(marian.config, field) == getattr(ours.config, field), field
+    assert marian.config._attn_implementation == ours.config._attn_implementation == "sdpa"
+    assert marian.lm_head.weight is marian.model.shared.weight is marian.model.encoder.embed_tokens.weight
+
+
+@pytest.mark.parametrize("num_beams", [1, 4])
+def test_textbook_decoder_matches_our_cached_decoding_on_shared_weights(spec, models, num_beams):
+    ours = models["ours"]
+    source = source_batch(spec, ours.config, batch=3)
+    textbook = TextbookDecoder(ours)
+    expected = generate_fixed_length(ours, **source, new_tokens=6, num_beams=num_beams)
+    got = (textbook.greedy(**source, new_tokens=6) if num_beams == 1
+           else textbook.beam(**source, new_tokens=6, num_beams=num_beams))
+    assert got.shape == expected.shape == (3, 7)
+    assert torch.equal(got, expected)
+    assert not (got[:, 1:] == ours.config.eos_token_id).any()  # fixed length: eos is suppressed
+
+
+def test_training_flops_agree_with_torchs_flop_counter(spec, models):
+    # torch's counter sees every matmul but not CPU attention kernels; ours without attention must match it.
+    for model in models.values():
+        batch = training_batch(spec, models["ours"].config)
+        model.train()
+        with FlopCounterMode(display=False) as counter:
+            model(**batch).loss.backward()
+        shape = (*batch["input_ids"].shape, batch["labels"].shape[1])
+        assert training_flops(models["ours"].config, *shape, attention=False) == counter.get_total_flops()
+        assert training_flops(models["ours"].config, *shape) > counter.get_total_flops()
+
+
+def test_quick_benchmark_compares_like_with_like_and_writes_reports(spec, tmp_path):
+    results = run_benchmark(spec, log=lambda message: None)
+    shapes = results["checks"]["output_shapes"]
+    expected = [spec.generation_batch_size, spec.new_tokens + 1]
+    assert shapes == {f"{system}/{workload}": expected for workload in ("greedy", "beam")
+                      for system in ("ours", "marian", "textbook")}
+    assert results["checks"]["textbook_greedy_equals_ours"]
+    assert results["environment"]["torch_threads"] == spec.threads == 1
+    for workload in ("train", "greedy", "beam"):
+        assert set(results[workload]["systems"]) >= {"ours", "marian"}
+        assert all(len(s["times_s"]) == spec.repeats for s in results[workload]["systems"].values())
+    assert [p["new_tokens"] for p in results["beam_curve"]["points"]] == list(spec.curve_lengths)
+    assert 0 < results["train"]["systems"]["ours"]["mfu"]
+    memory = results["memory_mib"]
+    assert set(memory) == {"ours", "marian", "textbook"}
+    assert set(memory["textbook"]) == {"greedy", "beam"}
+    assert all(value >= 0 for system in memory.values() for value in system.values())
+
+    paths = write_results(results, tmp_path)
+    assert {p.name for p in tmp_path.iterdir()} == {"results_tiny.json", "results_tiny.md", "results_tiny.png"}
+    saved = json.loads(paths["json"].read_text())
+    assert saved["ratios"].keys() == results["ratios"].keys()
+    markdown = paths["markdown"].read_text()
+    assert "| workload | ours | Marian | textbook | ours/Marian | ours/textbook | target |" in markdown
+    assert "Beam-4 speedup over the textbook decoder" in markdown
