@@ -45,7 +45,7 @@ CPU_SMOKE_SETTINGS = dict(
     attention_preset="tiny", vocab_size=1000, presets=("tiny",), train_batch=4, source_length=8,
     target_length=8, warmup_steps=1, timed_steps=2, matmul_size=256, matmul_repeats=2,
     beam_preset="tiny", beam_batch=2, beam_source_length=8, beam_new_tokens=4, beam_repeats=1,
-    run=dict(preset="tiny", vocab_size=300, max_steps=12, batch=16, warmup=6, train_samples=512,
+    run=dict(preset="tiny", vocab_size=300, max_steps=30, batch=16, warmup=10, train_samples=512,
              eval_samples=4, logging_steps=2, timeout_s=150, workers=0),
 )
 

@@ -216,7 +216,7 @@ def test_device_check_without_cuda_says_so_and_exits_cleanly(tmp_path):
 
 def test_device_check_cpu_smoke_runs_every_section(tmp_path):
     """The GPU check's code end to end on the CPU with tiny sizes: bf16 matmul, attention agreement, bf16
-    training step, beam search, and a 12-step `scripts/train.py --bf16` run whose loss must fall."""
+    training step, beam search, and a 30-step `scripts/train.py --bf16` run whose loss must fall."""
     import json
 
     out = tmp_path / "out"
