@@ -18,7 +18,6 @@ for tests; its numbers mean nothing.
 
 import argparse
 import json
-import math
 import os
 import platform
 import statistics

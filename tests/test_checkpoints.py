@@ -18,15 +18,6 @@ ROOT = Path(__file__).resolve().parents[1]
 CLI_ENV = {**os.environ, "HF_HUB_OFFLINE": "1", "OMP_NUM_THREADS": "1"}
 
 
-@pytest.fixture(autouse=True, scope="module")
-def one_thread():
-    """Tiny models gain nothing from intra-op threads, and on a busy CPU the threads' contention made these
-    tests ~10x slower; restored afterwards so other test files keep their setting."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
-
 
 def read_weights(folder) -> dict[str, torch.Tensor]:
     weights = {}

@@ -24,15 +24,6 @@ ATOL_FLOAT32 = 1e-4
 CLI_ENV = {**os.environ, "HF_HUB_OFFLINE": "1", "OMP_NUM_THREADS": "1"}
 
 
-@pytest.fixture(autouse=True, scope="module")
-def one_thread():
-    """Tiny models gain nothing from intra-op threads, and on a busy CPU the threads' contention made these
-    tests ~10x slower; restored afterwards so other test files keep their setting."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
-
 
 def tiny_marian(seed=0, **overrides) -> MarianMTModel:
     """A random OPUS-MT-like model: swish, scaled embeddings, post-LN, pad = decoder start, eos = 0.

@@ -73,13 +73,6 @@ print("RESULT " + json.dumps(results))
 '''
 
 
-@pytest.fixture(autouse=True)
-def one_thread():
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
-
 
 @pytest.fixture(scope="module")
 def saved(tmp_path_factory):

@@ -1,7 +1,6 @@
 """The model card carries the real scores and the checkpoint's own hyper-parameters, in metadata the Hub accepts."""
 
 import pytest
-import torch
 from huggingface_hub import ModelCard, metadata_load
 from huggingface_hub.repocard_data import model_index_to_eval_results
 from test_pipeline import toy_translator
@@ -125,10 +124,3 @@ def test_a_missing_template_fails_clearly(checkpoint, tmp_path):
         render_model_card(checkpoint[1], template_path=tmp_path / "nowhere.md", languages=None, license=None,
                           datasets=None, eval_results=None, dataset_name=None)
 
-
-@pytest.fixture(autouse=True)
-def one_thread():
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)

@@ -18,14 +18,6 @@ WORDS = "the a one two cat dog bird sees chases likes big small red green house 
 SOURCES = ["the cat sees a dog", "two red birds", "a small green house by the river", "dog"]
 
 
-@pytest.fixture(autouse=True)
-def one_thread():
-    """Tiny models decode 10-50x faster on one thread when the CPUs are shared (oversubscribed OpenMP)."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
-
 
 @functools.lru_cache
 def toy_tokenizer():

@@ -137,7 +137,8 @@ def test_resumed_run_matches_uninterrupted_run(tmp_path):
 
 def test_inverse_sqrt_args_values():
     args = inverse_sqrt_training_args(512, 4000)
-    assert args == {"lr_scheduler_type": "inverse_sqrt", "warmup_steps": 4000, "learning_rate": 6.987712429686843e-04}
+    assert args == {"lr_scheduler_type": "inverse_sqrt", "warmup_steps": 4000, "learning_rate": 6.987712429686843e-04,
+                    "adam_beta1": 0.9, "adam_beta2": 0.98, "adam_epsilon": 1e-9, "weight_decay": 0.0}
     with pytest.raises(ValueError):
         inverse_sqrt_training_args(512, 0.5)  # Trainer would read 0.5 as a warmup *ratio*
 

@@ -472,7 +472,7 @@ def run_benchmark(spec: BenchmarkSpec, log: Callable[[str], None] = print) -> di
     torch.set_num_threads(spec.threads)
     started = time.perf_counter()
     models = build_models(spec)
-    ours, marian = models["ours"], models["marian"]
+    ours = models["ours"]
     config = ours.config
     textbook = TextbookDecoder(ours)
     results = {"spec": dataclasses.asdict(spec), "environment": environment(spec),

@@ -57,8 +57,8 @@ def inverse_sqrt_training_args(d_model, warmup_steps, factor=1.0):
         built-in lr for update k+1 == NoamLambda(d, W, factor)(k - 1), the lr of update k here;
         built-in lr for update 1 == 0 (Adam's moments absorb that gradient, the weights do not move).
 
-    The built-in run is therefore one update behind `noam_schedule`. The optimiser is still Trainer's
-    default: pass adam_beta2=0.98, adam_epsilon=1e-9 (and weight_decay=0.0) yourself for §5.3.
+    The built-in run is therefore one update behind `noam_schedule`. The Adam settings of §5.3 are included,
+    so `TrainingArguments(**inverse_sqrt_training_args(d, W), ...)` is the paper's whole optimiser recipe.
     """
     _check_positive(d_model=d_model, warmup_steps=warmup_steps, factor=factor)
     # Trainer reads warmup_steps < 1 as a fraction of training, so only whole step counts mean W.
@@ -68,4 +68,8 @@ def inverse_sqrt_training_args(d_model, warmup_steps, factor=1.0):
         "lr_scheduler_type": "inverse_sqrt",
         "warmup_steps": int(warmup_steps),
         "learning_rate": factor * d_model**-0.5 * warmup_steps**-0.5,
+        "adam_beta1": 0.9,
+        "adam_beta2": 0.98,
+        "adam_epsilon": 1e-9,
+        "weight_decay": 0.0,
     }
