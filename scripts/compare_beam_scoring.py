@@ -14,6 +14,7 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 from transformers import AutoModelForSeq2SeqLM, AutoTokenizer  # noqa: E402
 
+from vanilla_transformer.data import load_parallel_text_files  # noqa: E402
 from vanilla_transformer.training import DataArguments, evaluate_bleu, load_raw_splits  # noqa: E402
 
 
@@ -27,9 +28,11 @@ def main(argv=None):
     parser.add_argument("--batch_size", type=int, default=64)
     args = parser.parse_args(argv)
 
-    files = {"test_source_file": args.source_file, "test_target_file": args.target_file} if args.source_file else {}
-    data = DataArguments(source_lang=args.source_lang, target_lang=args.target_lang, num_examples=0, **files)
-    sentences = load_raw_splits(data)["test"]
+    data = DataArguments(source_lang=args.source_lang, target_lang=args.target_lang, num_examples=0)
+    if args.source_file:
+        sentences = load_parallel_text_files(args.source_file, args.target_file, args.source_lang, args.target_lang)
+    else:
+        sentences = load_raw_splits(data)["test"]
     model = AutoModelForSeq2SeqLM.from_pretrained(args.model)
     tokenizer = AutoTokenizer.from_pretrained(args.model)
     rows, outputs = [], {}
