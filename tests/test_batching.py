@@ -153,10 +153,11 @@ def test_the_marian_baseline_computes_our_network_and_trains_on_our_objective():
     from transformers import MarianMTModel
 
     from conftest import random_batch
-    from vanilla_transformer.parity import copy_our_weights_into_marian, label_smoothed_loss_func, marian_twin
+    from vanilla_transformer.conversion import marian_config_like
+    from vanilla_transformer.parity import copy_our_weights_into_marian, label_smoothed_loss_func
 
     ours = tiny_model(label_smoothing=0.1)
-    marian = MarianMTModel(marian_twin(ours.config)).eval()
+    marian = MarianMTModel(marian_config_like(ours.config)).eval()
     copy_our_weights_into_marian(ours, marian)
     input_ids, attention_mask, labels = random_batch()
     labels[1, -2:] = -100

@@ -38,8 +38,9 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 import transformers
-from transformers import GenerationConfig, MarianConfig, MarianMTModel
+from transformers import GenerationConfig, MarianMTModel
 
+from .conversion import marian_config_like
 from .configuration_vanilla_transformer import PRESETS, VanillaTransformerConfig
 from .modeling_vanilla_transformer import VanillaTransformerForConditionalGeneration
 
@@ -122,24 +123,6 @@ class BenchmarkSpec:
 
 def model_config(spec: BenchmarkSpec) -> VanillaTransformerConfig:
     return VanillaTransformerConfig.from_preset(spec.preset, vocab_size=spec.vocab_size)
-
-
-def marian_config_like(config: VanillaTransformerConfig, max_positions: int) -> MarianConfig:
-    """Marian with our shape: sizes, ReLU, post-LN, sqrt(d_model)-scaled embeddings shared by encoder, decoder
-    and output layer, our special ids, and no forced eos (generate would otherwise add a logits processor)."""
-    if config.normalize_before:
-        raise ValueError("Marian is post-LN only; benchmark a config with normalize_before=False.")
-    return MarianConfig(
-        vocab_size=config.vocab_size, d_model=config.d_model, encoder_layers=config.encoder_layers,
-        decoder_layers=config.decoder_layers, encoder_attention_heads=config.encoder_attention_heads,
-        decoder_attention_heads=config.decoder_attention_heads, encoder_ffn_dim=config.encoder_ffn_dim,
-        decoder_ffn_dim=config.decoder_ffn_dim, activation_function=config.activation_function,
-        dropout=config.dropout, attention_dropout=config.attention_dropout,
-        activation_dropout=config.activation_dropout, scale_embedding=config.scale_embedding,
-        share_encoder_decoder_embeddings=True, tie_word_embeddings=True, max_position_embeddings=max_positions,
-        pad_token_id=config.pad_token_id, eos_token_id=config.eos_token_id, bos_token_id=config.bos_token_id,
-        decoder_start_token_id=config.decoder_start_token_id, forced_eos_token_id=None,
-    )
 
 
 def max_positions(spec: BenchmarkSpec) -> int:
@@ -889,7 +872,6 @@ __all__ = [
     "build_models",
     "generate_fixed_length",
     "make_train_step",
-    "marian_config_like",
     "matmul_peak_flops",
     "measure_memory",
     "parameter_counts",

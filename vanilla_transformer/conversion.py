@@ -32,6 +32,26 @@ from .modeling_vanilla_transformer import VanillaTransformerForConditionalGenera
 _DROPPED = ("model.encoder.embed_positions.weight", "model.decoder.embed_positions.weight", "final_logits_bias")
 
 
+def marian_config_like(config: VanillaTransformerConfig, max_positions: int = 512) -> MarianConfig:
+    """The `MarianConfig` of a network shaped like `config` — the closest built-in peer, for benchmarks and the
+    parity run: sizes, activation, post-LN, sqrt(d_model)-scaled embeddings shared by encoder, decoder and output
+    layer, our special ids, and no forced eos (generate would otherwise add a logits processor). Marian's
+    learned-free position table must cover `max_positions` (the longest source and decoded target)."""
+    if config.normalize_before:
+        raise ValueError("MarianMTModel is post-LN only; a pre-LN config (normalize_before=True) has no Marian twin.")
+    return MarianConfig(
+        vocab_size=config.vocab_size, d_model=config.d_model, encoder_layers=config.encoder_layers,
+        decoder_layers=config.decoder_layers, encoder_attention_heads=config.encoder_attention_heads,
+        decoder_attention_heads=config.decoder_attention_heads, encoder_ffn_dim=config.encoder_ffn_dim,
+        decoder_ffn_dim=config.decoder_ffn_dim, activation_function=config.activation_function,
+        dropout=config.dropout, attention_dropout=config.attention_dropout,
+        activation_dropout=config.activation_dropout, scale_embedding=config.scale_embedding,
+        share_encoder_decoder_embeddings=True, tie_word_embeddings=True, max_position_embeddings=max_positions,
+        pad_token_id=config.pad_token_id, eos_token_id=config.eos_token_id, bos_token_id=config.bos_token_id,
+        decoder_start_token_id=config.decoder_start_token_id, forced_eos_token_id=None,
+    )
+
+
 def residual_permutation(d_model: int) -> torch.Tensor:
     """P with PE_ours[:, j] == PE_marian[:, P[j]]: P[2i] = i (sin), P[2i + 1] = ceil(d/2) + i (cos)."""
     half = (d_model + 1) // 2
@@ -129,4 +149,4 @@ def convert_marian(marian: MarianMTModel | str | os.PathLike, output_dir: str | 
     return model
 
 
-__all__ = ["convert_marian", "config_from_marian", "state_dict_from_marian", "residual_permutation"]
+__all__ = ["marian_config_like", "convert_marian", "config_from_marian", "state_dict_from_marian", "residual_permutation"]

@@ -42,14 +42,13 @@ from transformers import (
     AutoTokenizer,
     DataCollatorForSeq2Seq,
     GenerationConfig,
-    MarianConfig,
     MarianMTModel,
     TrainerCallback,
     set_seed,
 )
 
 from .configuration_vanilla_transformer import VanillaTransformerConfig
-from .conversion import _permute, residual_permutation, state_dict_from_marian
+from .conversion import _permute, marian_config_like, residual_permutation, state_dict_from_marian
 from .data import load_parallel_text_files, tokenize_parallel
 from .metrics import corpus_scores
 from .modeling_vanilla_transformer import VanillaTransformerForConditionalGeneration
@@ -114,24 +113,6 @@ class ParitySettings:
     report_name: str = field(default="parity_multi30k", metadata={"help": "Names the .json/.md/.png reports."})
     parallel: bool = field(default=True, metadata={"help": "Train both models at once, one process each."})
     threads_per_model: int = 1
-
-
-def marian_twin(config: VanillaTransformerConfig) -> MarianConfig:
-    """The MarianConfig of a network shaped like `config` (Marian has no pre-LN variant: post-LN only)."""
-    if config.normalize_before:
-        raise ValueError("MarianMTModel is post-LN only; a pre-LN config has no Marian twin.")
-    return MarianConfig(
-        vocab_size=config.vocab_size, decoder_vocab_size=config.vocab_size, d_model=config.d_model,
-        encoder_layers=config.encoder_layers, decoder_layers=config.decoder_layers,
-        encoder_attention_heads=config.encoder_attention_heads, decoder_attention_heads=config.decoder_attention_heads,
-        encoder_ffn_dim=config.encoder_ffn_dim, decoder_ffn_dim=config.decoder_ffn_dim,
-        activation_function=config.activation_function, dropout=config.dropout,
-        attention_dropout=config.attention_dropout, activation_dropout=config.activation_dropout,
-        scale_embedding=config.scale_embedding, share_encoder_decoder_embeddings=True, tie_word_embeddings=True,
-        pad_token_id=config.pad_token_id, eos_token_id=config.eos_token_id, bos_token_id=config.bos_token_id,
-        decoder_start_token_id=config.decoder_start_token_id, forced_eos_token_id=None,
-        max_position_embeddings=512,  # Marian's position table must cover the longest source and decoded target
-    )
 
 
 def copy_our_weights_into_marian(ours: VanillaTransformerForConditionalGeneration, marian: MarianMTModel) -> None:
@@ -201,7 +182,7 @@ def _build_model(kind: str, config: VanillaTransformerConfig, settings: ParitySe
     set_seed(settings.seed)
     ours = VanillaTransformerForConditionalGeneration(config)
     set_seed(settings.seed)
-    marian = MarianMTModel(marian_twin(config))
+    marian = MarianMTModel(marian_config_like(config))
     if settings.init == "ours":
         copy_our_weights_into_marian(ours, marian)
     elif settings.init == "marian":
@@ -404,5 +385,5 @@ def _last_eval_loss(run: dict) -> float:
     return losses[-1] if losses else math.nan
 
 
-__all__ = ["ParitySettings", "run_parity", "write_report", "marian_twin", "label_smoothed_loss_func",
+__all__ = ["ParitySettings", "run_parity", "write_report", "label_smoothed_loss_func",
            "objective_gap", "copy_our_weights_into_marian", "load_multi30k", "multi30k_missing"]
