@@ -164,6 +164,63 @@ def test_generation_is_identical_with_and_without_cache(settings, normalize_befo
     torch.testing.assert_close(torch.stack(cached.scores), torch.stack(uncached.scores), atol=1e-4, rtol=0)
 
 
+@pytest.mark.parametrize("implementation", ["sdpa", "eager"])
+def test_decoder_rows_grouped_on_one_source_equal_a_copied_source(implementation, normalize_before):
+    """Beams read one copy of their source: 3 sources x 2 decoder rows each must equal 6 copied sources."""
+    model = tiny_model(normalize_before=normalize_before)
+    model.set_attn_implementation(implementation)
+    input_ids, attention_mask, labels = random_batch()
+    decoder_input_ids = model.prepare_decoder_input_ids_from_labels(labels.repeat_interleave(2, dim=0))
+    decoder_input_ids[1::2, 3:] = torch.randint(4, VOCAB, (3, 3), generator=torch.Generator().manual_seed(5))
+    kwargs = dict(output_attentions=True) if implementation == "eager" else {}
+    with torch.no_grad():
+        encoder_outputs = model.get_encoder()(input_ids=input_ids, attention_mask=attention_mask)
+        copied = model.get_encoder()(input_ids=input_ids.repeat_interleave(2, 0),
+                                     attention_mask=attention_mask.repeat_interleave(2, 0))
+        grouped = model(encoder_outputs=encoder_outputs, attention_mask=attention_mask,
+                        decoder_input_ids=decoder_input_ids, use_cache=False, **kwargs)
+        expected = model(encoder_outputs=copied, attention_mask=attention_mask.repeat_interleave(2, 0),
+                         decoder_input_ids=decoder_input_ids, use_cache=False, **kwargs)
+        steps, cache = [], None
+        for t in range(decoder_input_ids.shape[1]):
+            out = model(encoder_outputs=encoder_outputs, attention_mask=attention_mask,
+                        decoder_input_ids=decoder_input_ids[:, t:t + 1], cache=cache, use_cache=True)
+            cache, steps = getattr(out, CACHE_FIELD), steps + [out.logits]
+    torch.testing.assert_close(grouped.logits, expected.logits, atol=ATOL, rtol=0)
+    torch.testing.assert_close(torch.cat(steps, dim=1), expected.logits, atol=ATOL, rtol=0)
+    # The cache holds the source's keys once per source, not once per decoder row.
+    assert cache.cross_attention_cache.layers[0].keys.shape[0] == 3
+    if implementation == "eager":
+        for got, want in zip(grouped.cross_attentions, expected.cross_attentions):
+            assert got.shape == (6, 4, decoder_input_ids.shape[1], input_ids.shape[1])
+            torch.testing.assert_close(got, want, atol=ATOL, rtol=0)
+
+
+def test_decoder_rows_that_do_not_divide_among_the_sources_are_refused():
+    model = tiny_model()
+    input_ids, attention_mask, labels = random_batch()
+    with pytest.raises(ValueError, match="decoder has 4 rows but the encoder output has 3"):
+        model(input_ids=input_ids, attention_mask=attention_mask, decoder_input_ids=torch.ones(4, 2, dtype=torch.long))
+
+
+def test_beam_search_keeps_one_copy_of_the_source_per_sentence():
+    model = tiny_model()
+    input_ids, attention_mask, _ = random_batch()
+    seen = []
+    original = model.forward
+
+    def spy(*args, **kwargs):
+        out = original(*args, **kwargs)
+        seen.append((kwargs["decoder_input_ids"].shape[0], getattr(out, CACHE_FIELD)))
+        return out
+
+    model.forward = spy
+    model.generate(input_ids=input_ids, attention_mask=attention_mask, max_new_tokens=4, num_beams=4)
+    rows, cache = seen[-1]
+    assert rows == 12 and cache.self_attention_cache.layers[0].keys.shape[0] == 12
+    assert cache.cross_attention_cache.layers[0].keys.shape[0] == 3
+
+
 def test_static_cache_generates_like_the_dynamic_one():
     model = tiny_model()
     input_ids, attention_mask, _ = random_batch()

@@ -146,6 +146,11 @@ class VanillaTransformerAttention(nn.Module):
                 if is_cross and isinstance(cache, EncoderDecoderCache):
                     cache.is_updated[self.layer_idx] = True
 
+        # Beam search (or sampling several outputs per input) gives each source `group` consecutive decoder rows.
+        # They share one copy of the source's keys and values: their queries are folded into one row of it.
+        rows, group = key.shape[0], query.shape[0] // key.shape[0]
+        if group > 1:
+            query = query.reshape(rows, group, *query.shape[1:]).transpose(1, 2).flatten(2, 3)
         attention: Callable = ALL_ATTENTION_FUNCTIONS.get_interface(
             self.config._attn_implementation, eager_attention_forward
         )
@@ -153,6 +158,8 @@ class VanillaTransformerAttention(nn.Module):
             self, query, key, value, attention_mask,
             dropout=self.dropout if self.training else 0.0, scaling=self.scaling,
         )
+        if group > 1 and weights is not None:
+            weights = weights.unflatten(2, (group, -1)).transpose(1, 2).flatten(0, 1)
         return self.out_proj(output.reshape(*hidden_states.shape[:-1], -1)), weights
 
 
@@ -348,10 +355,18 @@ class VanillaTransformerDecoder(_Stack):
         self_attention_cache = cache.self_attention_cache if cache is not None else None
         # Positional: the parameter is `past_key_values` on 5.23 and `cache` on 5.24+.
         causal_mask = create_causal_mask(self.config, hidden_states, attention_mask, self_attention_cache)
+        queries = hidden_states
         if encoder_hidden_states is not None:
             _check_attention_mask(encoder_attention_mask, "encoder attention_mask", *encoder_hidden_states.shape[:2])
+            rows, sources = hidden_states.shape[0], encoder_hidden_states.shape[0]
+            if rows % sources:
+                raise ValueError(
+                    f"The decoder has {rows} rows but the encoder output has {sources}: each source must be read by "
+                    "the same number of consecutive decoder rows (1, or e.g. the number of beams)."
+                )
+            queries = hidden_states.reshape(sources, -1, hidden_states.shape[-1])  # as cross-attention sees them
         cross_mask = create_bidirectional_mask(
-            self.config, hidden_states, encoder_attention_mask, encoder_hidden_states=encoder_hidden_states
+            self.config, queries, encoder_attention_mask, encoder_hidden_states=encoder_hidden_states
         )
         all_hidden_states, all_self_attentions, all_cross_attentions = (), (), ()
         for layer in self.layers:
@@ -522,6 +537,22 @@ class VanillaTransformerForConditionalGeneration(VanillaTransformerPreTrainedMod
             return super().generate(inputs, generation_config, **kwargs)
         finally:
             self._gnmt_length_penalty = False
+
+    def _expand_inputs_for_generation(self, expand_size=1, is_encoder_decoder=False, input_ids=None, **model_kwargs):
+        """generate() copies every input once per beam (or returned sample); the encoder's output and its mask
+        stay one per source, since the decoder's cross-attention serves all of a source's beams from one copy."""
+        shared = {key: model_kwargs.pop(key) for key in ("encoder_outputs", "attention_mask") if key in model_kwargs}
+        input_ids, model_kwargs = super()._expand_inputs_for_generation(expand_size, False, input_ids, **model_kwargs)
+        return input_ids, {**model_kwargs, **shared}
+
+    def _reorder_cache(self, cache, beam_idx):
+        """Beam search moves hypotheses only among the beams of one sentence, which share one copy of their
+        source's keys and values (see `_expand_inputs_for_generation`): only the self-attention cache moves."""
+        if isinstance(cache, EncoderDecoderCache):
+            cache.self_attention_cache.reorder_cache(beam_idx)
+        else:
+            cache.reorder_cache(beam_idx)
+        return cache
 
     # transformers' beam search divides a hypothesis' log-probability by length ** length_penalty in these two
     # places. For the GNMT penalty we pass, for the length in question, the exponent e with
