@@ -8,7 +8,9 @@ from torch.utils.flop_counter import FlopCounterMode
 
 from vanilla_transformer.benchmarking import (
     BenchmarkSpec,
+    ProjectionFloor,
     TextbookDecoder,
+    decoding_flops,
     build_models,
     generate_fixed_length,
     max_positions,
@@ -74,6 +76,28 @@ def test_training_flops_agree_with_torchs_flop_counter(spec, models):
         assert training_flops(models["ours"].config, *shape) > counter.get_total_flops()
 
 
+@pytest.mark.parametrize("num_beams", [1, 4])
+def test_decoding_flops_agree_with_torchs_flop_counter(spec, models, num_beams):
+    ours = models["ours"]
+    source = source_batch(spec, ours.config, batch=3)
+    shape = (ours.config, 3, source["input_ids"].shape[1], 5, num_beams)
+    textbook = TextbookDecoder(ours)
+    runs = {
+        True: lambda: generate_fixed_length(ours, **source, new_tokens=5, num_beams=num_beams),
+        False: lambda: (textbook.greedy(**source, new_tokens=5) if num_beams == 1
+                        else textbook.beam(**source, new_tokens=5, num_beams=num_beams)),
+    }
+    for cached, run in runs.items():
+        with FlopCounterMode(display=False) as counter:
+            run()
+        assert decoding_flops(*shape, cached=cached, attention=False) == counter.get_total_flops(), cached
+    # The projection floor runs exactly the cached decoding's matmuls.
+    with FlopCounterMode(display=False) as counter:
+        ProjectionFloor(ours, 3, source["input_ids"].shape[1], 5, num_beams)()
+    assert counter.get_total_flops() == decoding_flops(*shape, attention=False)
+    assert decoding_flops(*shape, cached=False) > decoding_flops(*shape)
+
+
 def test_quick_benchmark_compares_like_with_like_and_writes_reports(spec, tmp_path):
     results = run_benchmark(spec, log=lambda message: None)
     shapes = results["checks"]["output_shapes"]
@@ -87,6 +111,12 @@ def test_quick_benchmark_compares_like_with_like_and_writes_reports(spec, tmp_pa
         assert all(len(s["times_s"]) == spec.repeats for s in results[workload]["systems"].values())
     assert [p["new_tokens"] for p in results["beam_curve"]["points"]] == list(spec.curve_lengths)
     assert 0 < results["train"]["systems"]["ours"]["mfu"]
+    for workload in ("greedy", "beam"):  # the floor is timed with the systems, and bounds what they can gain
+        assert len(results[workload]["projection_floor"]["times_s"]) == spec.repeats
+        assert results[workload]["ceiling_vs_marian"] > 0
+    assert all(p["flop_ratio"] > 1 for p in results["beam_curve"]["points"])
+    assert {name for name, v in results["targets"].items() if v["ceiling"] is not None} == {
+        name for name in results["targets"] if "speed" in name and name in results["ratios"]}
     memory = results["memory_mib"]
     assert set(memory) == {"ours", "marian", "textbook"}
     assert set(memory["textbook"]) == {"greedy", "beam"}
@@ -99,3 +129,4 @@ def test_quick_benchmark_compares_like_with_like_and_writes_reports(spec, tmp_pa
     markdown = paths["markdown"].read_text()
     assert "| workload | ours | Marian | textbook | ours/Marian | ours/textbook | target |" in markdown
     assert "Beam-4 speedup over the textbook decoder" in markdown
+    assert "| goal | target | measured | ceiling on this machine | met |" in markdown
