@@ -114,7 +114,7 @@ def test_quick_benchmark_compares_like_with_like_and_writes_reports(spec, tmp_pa
     for workload in ("greedy", "beam"):  # the floor is timed with the systems, and bounds what they can gain
         assert len(results[workload]["projection_floor"]["times_s"]) == spec.repeats
         assert results[workload]["ceiling_vs_marian"] > 0
-    assert all(p["flop_ratio"] > 1 for p in results["beam_curve"]["points"])
+    assert all(p["flop_ratio"] > 1 and p["ceiling"] > 0 for p in results["beam_curve"]["points"])
     assert {name for name, v in results["targets"].items() if v["ceiling"] is not None} == {
         name for name in results["targets"] if "speed" in name and name in results["ratios"]}
     memory = results["memory_mib"]
