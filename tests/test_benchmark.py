@@ -115,6 +115,10 @@ def test_quick_benchmark_compares_like_with_like_and_writes_reports(spec, tmp_pa
         assert len(results[workload]["projection_floor"]["times_s"]) == spec.repeats
         assert results[workload]["ceiling_vs_marian"] > 0
     assert all(p["flop_ratio"] > 1 and p["ceiling"] > 0 for p in results["beam_curve"]["points"])
+    for workload in ("train", "greedy", "beam"):
+        times = results[workload]["systems"]
+        paired = results["paired_ratios"][f"{workload}_speed_vs_marian"]
+        assert paired["median"] == times["marian"]["times_s"][0] / times["ours"]["times_s"][0]  # one repeat
     assert {name for name, v in results["targets"].items() if v["ceiling"] is not None} == {
         name for name in results["targets"] if "speed" in name and name in results["ratios"]}
     memory = results["memory_mib"]
