@@ -4,10 +4,12 @@
     python scripts/benchmark.py --preset base --repeats 3
     python scripts/benchmark.py --quick          # seconds: checks the plumbing, numbers mean nothing
     python scripts/benchmark.py --profile --threads 1   # operator and Python profiles of ours (vs Marian) instead
+    python scripts/benchmark.py --render scripts/results/results_small.json   # rewrite its reports, measure nothing
 """
 
 import argparse
 import dataclasses
+import json
 import os
 from pathlib import Path
 
@@ -19,6 +21,7 @@ from vanilla_transformer.benchmarking import (  # noqa: E402
     profile_ours,
     render_markdown,
     run_benchmark,
+    target_verdicts,
     write_results,
 )
 from vanilla_transformer.configuration_vanilla_transformer import PRESETS  # noqa: E402
@@ -44,7 +47,15 @@ def main():
     parser.add_argument("--quick", action="store_true", help="tiny model and shapes, one repeat")
     parser.add_argument("--profile", action="store_true", help="profile ours (training step, beam search) and exit")
     parser.add_argument("--output-dir", type=Path, default=Path("scripts/results"))
+    parser.add_argument("--render", type=Path, metavar="RESULTS_JSON",
+                        help="rewrite the markdown and chart of a saved run beside it (verdicts recomputed)")
     args = parser.parse_args()
+    if args.render:
+        results = json.loads(args.render.read_text())
+        results["targets"] = target_verdicts(results)
+        paths = write_results(results, args.render.parent)
+        print("wrote " + ", ".join(str(p) for p in paths.values()))
+        return
 
     overrides = {field.name: getattr(args, field.name) for field in dataclasses.fields(BenchmarkSpec)
                  if getattr(args, field.name, None) is not None}

@@ -1,6 +1,9 @@
 """The benchmark's promises: it compares like with like, and its reports are written. No timing is asserted."""
 
 import json
+import subprocess
+import sys
+from pathlib import Path
 
 import pytest
 import torch
@@ -17,6 +20,7 @@ from vanilla_transformer.benchmarking import (
     parameter_counts,
     run_benchmark,
     source_batch,
+    target_verdicts,
     training_batch,
     training_flops,
     write_results,
@@ -134,3 +138,37 @@ def test_quick_benchmark_compares_like_with_like_and_writes_reports(spec, tmp_pa
     assert "| workload | ours | Marian | textbook | ours/Marian | ours/textbook | target |" in markdown
     assert "Beam-4 speedup over the textbook decoder" in markdown
     assert "| goal | target | measured | ceiling on this machine | met |" in markdown
+
+    # --render rewrites the reports of a saved run without measuring anything.
+    paths["markdown"].unlink()
+    script = Path(__file__).resolve().parents[1] / "scripts" / "benchmark.py"
+    subprocess.run([sys.executable, str(script), "--render", str(paths["json"])], check=True, capture_output=True)
+    assert paths["markdown"].read_text() == markdown
+
+
+def test_a_noisy_workload_gets_a_verdict_only_where_every_estimate_agrees():
+    def results(greedy_q1):
+        paired = {"median": 1.0, "q1": 0.95, "q3": 1.05}
+        return {
+            "ratios": {"train_speed_vs_marian": 1.0, "train_memory_vs_marian": 1.0, "greedy_speed_vs_marian": 1.6,
+                       "beam_speed_vs_marian": 1.0, "beam_speed_vs_textbook_at_30": 4.0},
+            "ratios_from_fastest_repeats": {"train_speed_vs_marian": 1.2, "greedy_speed_vs_marian": 1.7,
+                                            "beam_speed_vs_marian": 1.05},
+            "paired_ratios": {"train_speed_vs_marian": paired, "beam_speed_vs_marian": paired,
+                              "greedy_speed_vs_marian": {"median": 1.6, "q1": greedy_q1, "q3": 1.7}},
+            "memory_mib": {"ours": {"train": 100.0}, "marian": {"train": 100.5}},
+            "noisy": ["train/marian", "greedy/ours", "beam/ours", "beam/textbook"],
+            "train": {"systems": {"marian": {"mfu": 0.5}}},
+            "greedy": {"ceiling_vs_marian": 2.0}, "beam": {"ceiling_vs_marian": 2.0},
+            "beam_curve": {"points": [{"new_tokens": 30, "ceiling": 8.0}]},
+        }
+
+    verdicts = target_verdicts(results(greedy_q1=1.55))
+    assert verdicts["train_speed_vs_marian"]["met"] is None  # the fastest repeats (1.2) disagree with the rest
+    assert verdicts["greedy_speed_vs_marian"]["met"] is True  # 1.6, 1.7 and quartiles 1.55-1.7: all >= 1.5
+    assert verdicts["beam_speed_vs_marian"]["met"] is False  # 1.0, 1.05, 0.95-1.05: all below 1.5
+    assert verdicts["beam_speed_vs_textbook_at_30"]["met"] is False  # no paired ratio: median and fastest
+    assert verdicts["train_memory_vs_marian"]["met"] is True  # memory is not timed: within 1 MiB is a tie
+    assert target_verdicts(results(greedy_q1=1.4))["greedy_speed_vs_marian"]["met"] is None
+    assert verdicts["beam_speed_vs_textbook_at_30"]["ceiling"] == 8.0
+    assert verdicts["train_speed_vs_marian"]["ceiling"] == 2.0
