@@ -6,6 +6,7 @@ import sys
 from pathlib import Path
 
 import pytest
+import torch
 from transformers import AutoModelForSeq2SeqLM, AutoTokenizer, HfArgumentParser
 
 from vanilla_transformer.training import (
@@ -69,6 +70,16 @@ def test_a_learning_rate_other_than_one_is_refused_with_noam(tmp_path):
     parsed = parse(TINY_RUN + ["--output_dir", str(tmp_path / "run"), "--learning_rate", "5e-4"])
     with pytest.raises(ValueError, match="learning_rate must be 1.0"):
         run(*parsed)
+
+
+def test_fp16_on_a_cpu_is_refused_rather_than_silently_ignored(tmp_path):
+    arguments = TINY_RUN + ["--output_dir", str(tmp_path / "run"), "--fp16"]
+    with pytest.raises(ValueError, match="--fp16 has no effect on a CPU"):
+        parse(arguments + ["--use_cpu"])
+    if not torch.cuda.is_available():
+        with pytest.raises(ValueError, match="--fp16 has no effect on a CPU"):
+            parse(arguments)
+    parse(TINY_RUN + ["--output_dir", str(tmp_path / "run"), "--bf16", "--use_cpu"])  # bf16 works on a CPU
 
 
 def test_bad_config_overrides_are_named(tmp_path):

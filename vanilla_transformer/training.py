@@ -100,6 +100,15 @@ class TranslationTrainingArguments(Seq2SeqTrainingArguments):
     logging_steps: float = 50
     save_total_limit: int | None = 5  # §6.1 averages the last 5 checkpoints (base)
 
+    def __post_init__(self):
+        super().__post_init__()
+        accelerator = getattr(torch, "accelerator", None)
+        has_accelerator = accelerator.is_available() if accelerator is not None else torch.cuda.is_available()
+        if self.fp16 and (self.use_cpu or not has_accelerator):
+            # accelerate accepts it on a CPU and then trains in float32: say so instead of pretending.
+            raise ValueError("--fp16 has no effect on a CPU (accelerate trains in float32 there); use --bf16 for "
+                             "mixed precision on a CPU, or drop the flag.")
+
 
 class PaperTrainer(Seq2SeqTrainer):
     """Seq2SeqTrainer whose scheduler is the paper's (§5.3) when `noam_schedule` is given.
