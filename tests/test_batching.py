@@ -166,3 +166,32 @@ def test_the_marian_baseline_computes_our_network_and_trains_on_our_objective():
         expected, got = ours(**batch, num_items_in_batch=torch.tensor(11)), marian(**batch)
     torch.testing.assert_close(got.logits, expected.logits, atol=1e-5, rtol=1e-5)
     assert label_smoothed_loss_func(0.1)(expected, labels, torch.tensor(11)).item() == expected.loss.item()
+
+
+def test_a_run_resumed_mid_epoch_sees_the_same_token_batches_as_an_uninterrupted_one(tmp_path):
+    tokenizer, dataset = tiny_tokenizer(), tokenized_split()
+
+    def train(output_dir, max_steps, resume=None):
+        model = tiny_model().train()
+        seen = []
+        model.register_forward_pre_hook(lambda module, args, kwargs: seen.append(kwargs["input_ids"].clone()),
+                                        with_kwargs=True)
+        args = TranslationTrainingArguments(output_dir=str(output_dir), max_steps=max_steps, save_steps=1,
+                                            save_strategy="steps", report_to="none", use_cpu=True, seed=3,
+                                            learning_rate=1e-3, generation_num_beams=None, save_total_limit=None)
+        trainer = PaperTrainer(model=model, args=args, train_dataset=dataset, max_tokens_per_batch=64,
+                               data_collator=DataCollatorForSeq2Seq(tokenizer, model=model, label_pad_token_id=-100))
+        steps_per_epoch = len(trainer.get_train_dataloader())
+        trainer.train(resume_from_checkpoint=resume)
+        return seen, steps_per_epoch
+
+    probe, steps_per_epoch = train(tmp_path / "probe", 1)
+    total = 2 * steps_per_epoch + 3  # into the third epoch, so the resumed epoch is not the first
+    stop = steps_per_epoch * 2 + 1
+    full, _ = train(tmp_path / "full", total)
+    train(tmp_path / "part", stop)
+    resumed, _ = train(tmp_path / "part", total, resume=str(tmp_path / "part" / f"checkpoint-{stop}"))
+    assert len(resumed) == total - stop
+    for got, want in zip(resumed, full[stop:]):
+        assert torch.equal(got, want)
+    assert not torch.equal(full[0], full[steps_per_epoch]) or not torch.equal(full[1], full[steps_per_epoch + 1])

@@ -343,3 +343,24 @@ def test_resume_after_sigkill_matches_uninterrupted(runs_dir):
     assert _losses(killed_dir / "checkpoint-16") == _losses(uninterrupted / "checkpoint-16")
     saved, reference_saved = load_file(killed_dir / "model.safetensors"), load_file(uninterrupted / "model.safetensors")
     assert max(((saved[k] - reference_saved[k]).abs().max().item() for k in saved)) == 0.0
+
+
+def test_token_batches_resumed_mid_epoch_on_2_processes_match_uninterrupted(runs_dir):
+    """The token-bucket sampler reshuffles per epoch; a run resumed inside a later epoch must see the same
+    batches on every rank as the uninterrupted run, so it ends with the same weights, bit for bit."""
+    args = ["--max_steps", "14", "--save_steps", "1", "--max_tokens_per_batch", "300", "--save_total_limit", "20",
+            *DIST_ARGS]
+    uninterrupted = _run(TORCHRUN, runs_dir / "tokens_uninterrupted", args)
+    epochs = {int(p.name[11:]): json.loads((p / "trainer_state.json").read_text())["epoch"]
+              for p in uninterrupted.glob("checkpoint-*")}
+    inside_later_epoch = [step for step, epoch in sorted(epochs.items()) if 1 < epoch < 2 and step < 13]
+    assert inside_later_epoch, f"no checkpoint inside the second epoch: {epochs}"
+    resume_step = inside_later_epoch[len(inside_later_epoch) // 2]
+    resumed_dir = runs_dir / "tokens_resumed"
+    shutil.copytree(uninterrupted / f"checkpoint-{resume_step}", resumed_dir / f"checkpoint-{resume_step}")
+    resumed = _run(TORCHRUN, resumed_dir, [*args, "--resume_from_checkpoint",
+                                           str(resumed_dir / f"checkpoint-{resume_step}")])
+    final, reference = _dumps(resumed), _dumps(uninterrupted)
+    assert max_abs_diff(final[0], final[1]) == 0.0
+    assert max_abs_diff(final[0], reference[0]) == 0.0
+    assert _losses(resumed / "checkpoint-14") == _losses(uninterrupted / "checkpoint-14")

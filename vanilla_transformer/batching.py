@@ -221,6 +221,9 @@ def token_batch_train_dataloader(trainer, max_tokens: int) -> DataLoader:
     wrapper = getattr(loader, "batch_sampler", None)
     if wrapper is not sampler and getattr(wrapper, "batch_sampler", None) is sampler:
         wrapper.num_processes, wrapper.process_index = 1, 0
+        # A resumed run skips into its epoch through one more wrapper (accelerate's SkipBatchSampler), from
+        # which Trainer reaches only this one: it must pass the epoch on, or the epoch replays epoch 0's order.
+        wrapper.set_epoch = sampler.set_epoch
     return loader
 
 
