@@ -654,7 +654,7 @@ def paired_ratios(results: dict) -> dict:
 
 def target_verdicts(results: dict) -> dict:
     """Each goal, its measured ratio, and whether it is met; a memory goal counts as met within the resolution."""
-    verdicts = {}
+    verdicts, ceiling = {}, ceilings(results)
     for name, goal in TARGETS.items():
         value = results["ratios"].get(name)
         if value is None:
@@ -674,7 +674,7 @@ def target_verdicts(results: dict) -> dict:
             estimates += [paired["q1"], paired["q3"]] if paired else []
             sides = {estimate >= goal for estimate in estimates if estimate is not None}
             meets = sides.pop() if len(sides) == 1 else None
-        verdicts[name] = {"target": goal, "value": value, "met": meets, "ceiling": ceilings(results).get(name)}
+        verdicts[name] = {"target": goal, "value": value, "met": meets, "ceiling": ceiling.get(name)}
     return verdicts
 
 
