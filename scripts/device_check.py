@@ -4,7 +4,8 @@
 On a CUDA machine it measures, in a few minutes and installing nothing:
 
 1. attention agreement: logits of eager, SDPA and (when installed) flash-attention against fp32 eager on a
-   padded batch, plus SDPA forced onto its flash kernel on an unpadded batch (bf16);
+   padded batch, plus SDPA forced onto its flash kernel on an unpadded batch (bf16); and, per implementation,
+   beams reading one copy of their source against copied sources (must agree to rounding);
 2. the bf16 training step (autocast, fp32 master weights, fused AdamW: what Trainer --bf16 does) of the
    paper's base and big models: tokens/s, model TFLOP/s and model-FLOPs utilisation against a bf16 matmul
    peak measured on the same card, peak memory;
@@ -83,6 +84,12 @@ def timed(fn, device, repeats: int, warmup: int) -> list[float]:
         sync(device)
         times.append(time.perf_counter() - start)
     return times
+
+
+# Beams reading one copy of their source vs copied sources, same weights and dtype: max |logit diff| allowed,
+# absolute in fp32, relative to the largest logit in bf16 (whose rounding alone moves logits by about 1%).
+GROUPED_TOLERANCE_FP32 = 1e-3
+GROUPED_TOLERANCE_BF16 = 0.05
 
 
 def padded_batch(batch, source_length, target_length, vocab_size, device, seed=0, pad=True):
@@ -206,6 +213,31 @@ def attention_agreement(device, s) -> dict:
             except Exception as error:  # noqa: BLE001
                 out["unpadded"][f"{name}/bf16"] = f"error: {type(error).__name__}: {error}"[:300]
     out["unpadded"]["eager/bf16"] = (logits("eager", torch.bfloat16, full) - ref_full).abs().max().item()
+
+    # Beam search's layout: 2 decoder rows per source read one copy of it, which must equal copied sources.
+    out["grouped_vs_copied"] = {}
+    decoder_ids = reference.prepare_decoder_input_ids_from_labels(batch["labels"]).repeat_interleave(2, dim=0)
+    for impl in ["eager", "sdpa", *flash_implementations()]:
+        for dname, dtype in dtypes.items():
+            if impl.startswith("flash") and dtype == torch.float32:
+                continue
+            key = f"{impl}/{dname}"
+            try:
+                model = build_model(s["attention_preset"], s["vocab_size"], device, attn="eager", dropout=0.0).eval()
+                model.load_state_dict(state)
+                model = model.to(dtype)
+                model.set_attn_implementation(impl)
+                with torch.no_grad():
+                    encoded = model.get_encoder()(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"])
+                    copied = type(encoded)(last_hidden_state=encoded.last_hidden_state.repeat_interleave(2, dim=0))
+                    grouped = model(encoder_outputs=encoded, attention_mask=batch["attention_mask"],
+                                    decoder_input_ids=decoder_ids).logits.float()
+                    expected = model(encoder_outputs=copied,
+                                     attention_mask=batch["attention_mask"].repeat_interleave(2, dim=0),
+                                     decoder_input_ids=decoder_ids).logits.float()
+                out["grouped_vs_copied"][key] = (grouped - expected).abs().max().item()
+            except Exception as error:  # noqa: BLE001
+                out["grouped_vs_copied"][key] = f"error: {type(error).__name__}: {error}"[:300]
     return out
 
 
@@ -335,8 +367,8 @@ def render_markdown(report: dict) -> str:
     if attention:
         lines += [f"## Attention agreement ({attention['preset']}; max |logit − fp32 eager logit|, logits up to "
                   f"{attention['logit_scale']:.3g})", "", "| batch | implementation / dtype | max abs diff |", "| --- | --- | --- |"]
-        for kind in ("padded", "unpadded"):
-            for name, value in attention[kind].items():
+        for kind in ("padded", "unpadded", "grouped_vs_copied"):
+            for name, value in attention.get(kind, {}).items():
                 lines.append(f"| {kind} | {name} | {_fmt(value)} |")
         lines.append("")
     rows = [v["result"] for k, v in report["sections"].items() if k.startswith("train_step_") and v.get("result")]
@@ -424,7 +456,15 @@ def main(argv=None) -> int:
 
     report["environment"] = section("environment", environment, device) or {}
     peak = section("matmul_peak", matmul_peak, device, settings["matmul_size"], settings["matmul_repeats"])
-    section("attention_agreement", attention_agreement, device, settings)
+    attention = section("attention_agreement", attention_agreement, device, settings)
+    if attention is not None:
+        # Same weights, same dtype, two layouts of one computation: only rounding may separate them.
+        disagree = {k: v for k, v in attention["grouped_vs_copied"].items()
+                    if isinstance(v, str) or v > (GROUPED_TOLERANCE_FP32 if k.endswith("/fp32")
+                                                  else GROUPED_TOLERANCE_BF16 * attention["logit_scale"])}
+        if disagree:
+            report["sections"]["attention_agreement"]["ok"] = False
+            report["sections"]["attention_agreement"]["error"] = f"grouped beams differ from copied sources: {disagree}"
     for preset in settings["presets"]:
         result = section(f"train_step_{preset}", train_step_throughput, device, preset, settings,
                          peak["best_tflops"] if peak else None)

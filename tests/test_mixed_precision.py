@@ -230,6 +230,9 @@ def test_device_check_cpu_smoke_runs_every_section(tmp_path):
     agreement = sections["attention_agreement"]["result"]["padded"]
     assert agreement["eager/fp32"] == 0.0 and agreement["sdpa/fp32"] < 1e-4
     assert agreement["sdpa/bf16"] < 0.25 and agreement["eager/bf16"] < 0.25
+    grouped = sections["attention_agreement"]["result"]["grouped_vs_copied"]  # beams reading one source copy
+    assert set(grouped) >= {"eager/fp32", "eager/bf16", "sdpa/fp32", "sdpa/bf16"}
+    assert grouped["eager/fp32"] < 1e-5 and grouped["sdpa/fp32"] < 1e-5
     step = sections["train_step_tiny"]["result"]
     assert step["loss_finite"] and step["tokens_per_s"] > 0 and 0 < step["mfu"]
     assert sections["beam_search"]["result"]["output_shape"] == [2, 5]  # 4 new tokens after the start token
