@@ -22,7 +22,7 @@ from vanilla_transformer import (
     VanillaTransformerForConditionalGeneration,
     VanillaTransformerModel,
 )
-from vanilla_transformer.modeling_vanilla_transformer import CACHE_FIELD, SinusoidalPositionalEncoding
+from vanilla_transformer.modeling_vanilla_transformer import CACHE_FIELD, SinusoidalPositionalEncoding, dropout
 
 ATOL = 1e-5  # float32 on CPU; observed differences are about 1e-6
 
@@ -396,6 +396,65 @@ def test_gradient_accumulation_2x4_trains_like_one_batch_of_8(tmp_path):
     assert moved > 1e-3  # the step really changed the weights
     for (name, a), b in zip(accumulated.named_parameters(), whole.parameters()):
         torch.testing.assert_close(a, b, atol=2e-6, rtol=0, msg=name)
+
+
+@pytest.mark.parametrize("p", [0.1, 0.3])
+def test_dropout_zeroes_a_fraction_p_and_scales_the_rest(p):
+    torch.manual_seed(0)
+    x = torch.rand(1001, 999) + 0.5  # odd size: the random words are shared by element pairs
+    out = dropout(x, p, training=True)
+    dropped = out == 0
+    n = x.numel()
+    assert abs(dropped.float().mean().item() - p) < 5 * math.sqrt(p * (1 - p) / n)
+    torch.testing.assert_close(out[~dropped], x[~dropped] / (1 - p), atol=0, rtol=1e-6)
+    # Neighbouring elements (one 64-bit word) and distant ones are dropped independently.
+    pairs = dropped.flatten()[: n - 1 : 2] & dropped.flatten()[1::2]
+    assert abs(pairs.float().mean().item() - p * p) < 5 * math.sqrt(p * p / (n // 2))
+    rows = dropped.float().mean(1)
+    assert rows.std().item() < 2 * math.sqrt(p * (1 - p) / x.shape[1])
+
+
+def test_dropout_follows_the_seed_and_is_off_in_eval():
+    x = torch.randn(4, 7, 16)
+    masks = []
+    for seed in (0, 0, 1):
+        torch.manual_seed(seed)
+        masks.append(dropout(x, 0.5, training=True) == 0)
+    assert torch.equal(masks[0], masks[1]) and not torch.equal(masks[0], masks[2])
+    assert dropout(x, 0.5, training=False) is x and dropout(x, 0.0, training=True) is x
+    assert dropout(x.bfloat16(), 0.5, training=True).dtype == torch.bfloat16
+
+
+def test_dropout_backward_keeps_only_a_boolean_mask():
+    """The gradient is the same mask and scale; like torch's dropout, backward holds one byte per element."""
+    x = torch.randn(8, 33, requires_grad=True)
+    saved = []
+    with torch.autograd.graph.saved_tensors_hooks(lambda t: saved.append(t) or t, lambda t: t):
+        torch.manual_seed(0)
+        out = dropout(x, 0.25, training=True)
+    assert sum(t.numel() * t.element_size() for t in saved) <= x.numel()
+    out.backward(torch.ones_like(out))
+    torch.testing.assert_close(x.grad, (out != 0).float() / 0.75)
+
+
+def test_dropout_off_the_cpu_is_torchs():
+    x = torch.empty(3, 5, device="meta")  # any non-CPU device takes torch's fused kernel, which accepts meta
+    assert dropout(x, 0.1, training=True).shape == (3, 5)
+
+
+def test_training_with_dropout_and_gradient_checkpointing_gives_the_same_gradients():
+    """Recomputed layers must draw the same dropout masks as the first pass."""
+    input_ids, attention_mask, labels = random_batch()
+    grads = []
+    for checkpointing in (False, True):
+        model = tiny_model(dropout=0.3).train()
+        if checkpointing:
+            model.activation_checkpointing_enable(activation_checkpointing_kwargs={"use_reentrant": False})
+        torch.manual_seed(5)
+        model(input_ids=input_ids, attention_mask=attention_mask, labels=labels).loss.backward()
+        grads.append({n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None})
+    for name in grads[0]:
+        torch.testing.assert_close(grads[1][name], grads[0][name], atol=1e-6, rtol=0, msg=name)
 
 
 def test_gradient_checkpointing_gives_the_same_gradients(normalize_before):

@@ -78,6 +78,23 @@ def shift_tokens_right(labels: torch.Tensor, pad_token_id: int, decoder_start_to
     return shifted.masked_fill(shifted == -100, pad_token_id)
 
 
+def dropout(x: torch.Tensor, p: float, training: bool) -> torch.Tensor:
+    """§5.4 dropout: zero each element with probability p, scale the rest by 1 / (1 - p).
+
+    On the CPU, torch's Bernoulli sampler costs about 6 ns per element, 5% of a training step here
+    (scripts/results/profile_small.txt). Comparing 32 random bits per element (drawn as 64-bit integers, one
+    for two elements) with a threshold samples the same distribution, p rounded to a multiple of 2^-32, 2.5x
+    faster and from the same seeded generator. Other devices keep torch's fused kernel.
+    """
+    if not training or p == 0.0:
+        return x
+    if x.device.type != "cpu" or torch.compiler.is_compiling():
+        return F.dropout(x, p, training=True)
+    bits = torch.empty((x.numel() + 1) // 2, dtype=torch.int64).random_(-(2**63), None)
+    keep = bits.view(torch.int32)[: x.numel()].view(x.shape) >= round(p * 2**32) - 2**31
+    return x * keep * (1.0 / (1.0 - p))
+
+
 class SinusoidalPositionalEncoding(nn.Module):
     """§3.5: PE(pos, 2i) = sin(pos / 10000^(2i/d)), PE(pos, 2i+1) = cos(pos / 10000^(2i/d)).
 
@@ -174,7 +191,7 @@ class VanillaTransformerFeedForward(nn.Module):
         self.activation_dropout = config.activation_dropout
 
     def forward(self, x):
-        x = F.dropout(self.activation(self.fc1(x)), self.activation_dropout, self.training)
+        x = dropout(self.activation(self.fc1(x)), self.activation_dropout, self.training)
         return (self.fc2(x),)
 
 
@@ -189,7 +206,7 @@ class _ResidualLayer(GradientCheckpointingLayer):
 
     def residual(self, x, norm: nn.LayerNorm, sublayer: Callable):
         output, *extra = sublayer(norm(x) if self.normalize_before else x)
-        x = x + F.dropout(output, self.dropout, self.training)
+        x = x + dropout(output, self.dropout, self.training)
         return (x if self.normalize_before else norm(x)), *extra
 
 
@@ -289,7 +306,7 @@ class _Stack(VanillaTransformerPreTrainedModel):
             raise ValueError(f"`inputs_embeds` must have a non-empty shape (batch, length, d_model), got {tuple(inputs_embeds.shape)}.")
         positions = torch.arange(inputs_embeds.shape[1], device=inputs_embeds.device) + past_length
         hidden_states = inputs_embeds + self.embed_positions(positions).to(inputs_embeds.dtype)
-        return F.dropout(hidden_states, self.config.dropout, self.training)
+        return dropout(hidden_states, self.config.dropout, self.training)
 
     def _check_output_attentions(self, output_attentions):
         if output_attentions and self.config._attn_implementation != "eager":
