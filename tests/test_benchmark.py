@@ -13,6 +13,7 @@ from vanilla_transformer.benchmarking import (
     BenchmarkSpec,
     ProjectionFloor,
     TextbookDecoder,
+    TrainingFloor,
     decoding_flops,
     build_models,
     generate_fixed_length,
@@ -79,6 +80,15 @@ def test_training_flops_agree_with_torchs_flop_counter(spec, models):
         shape = (*batch["input_ids"].shape, batch["labels"].shape[1])
         assert training_flops(models["ours"].config, *shape, attention=False) == counter.get_total_flops()
         assert training_flops(models["ours"].config, *shape) > counter.get_total_flops()
+    # The training floor runs exactly the step's matmuls, and updates copies of the weights, not the model's.
+    ours = models["ours"]
+    before = {name: p.detach().clone() for name, p in ours.named_parameters()}
+    floor = TrainingFloor(ours, batch)
+    with FlopCounterMode(display=False) as counter:
+        floor()
+    assert counter.get_total_flops() == training_flops(ours.config, *shape, attention=False)
+    assert sum(p.numel() for group in floor.optimizer.param_groups for p in group["params"]) == 297_472
+    assert all(torch.equal(p, before[name]) for name, p in ours.named_parameters())
 
 
 @pytest.mark.parametrize("num_beams", [1, 4])
@@ -130,6 +140,9 @@ def test_quick_benchmark_compares_like_with_like_and_writes_reports(spec, tmp_pa
         assert all(len(s["times_s"]) == spec.repeats for s in results[workload]["systems"].values())
     assert [p["new_tokens"] for p in results["beam_curve"]["points"]] == list(spec.curve_lengths)
     assert 0 < results["train"]["systems"]["ours"]["mfu"]
+    assert set(results["train"]["systems"]) == {"ours", "marian"}
+    assert len(results["train"]["floor"]["times_s"]) == spec.repeats
+    assert results["targets"]["train_speed_vs_marian"]["ceiling"] == results["train"]["ceiling_vs_marian"] > 0
     for workload in ("greedy", "beam"):  # the floor is timed with the systems, and bounds what they can gain
         assert len(results[workload]["projection_floor"]["times_s"]) == spec.repeats
         assert results[workload]["ceiling_vs_marian"] > 0
