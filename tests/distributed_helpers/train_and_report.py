@@ -5,7 +5,8 @@
    Trainer seeds, so `--seed` alone does not fix the initial weights; the single-process reference and the
    distributed runs must start from the same ones.
 2. After `trainer.train()` every rank prints `VT_RANK_HASH rank=<r> world=<w> sha256=<h>` over its full
-   state dict and, with VT_DUMP_DIR set, saves that state dict as `<VT_DUMP_DIR>/rank<r>.pt`. Under FSDP the
+   state dict and, with VT_DUMP_DIR set, writes that hash to `<VT_DUMP_DIR>/rank<r>.sha256` and saves the
+   state dict as `<VT_DUMP_DIR>/rank<r>.pt`. Under FSDP the
    full state dict is gathered collectively (rank 0 receives it; the other ranks then report nothing).
    With VT_EXIT_AFTER_TRAIN=1 every rank exits right after that, skipping run()'s rank-0-only save and
    evaluation (which need collectives under FSDP / ZeRO-3; see docs/distributed.md).
@@ -69,10 +70,12 @@ def train_and_report(self, *args, **kwargs):
     state = full_state_dict(self)
     if state is not None:
         state = {k: v.detach().to("cpu").clone() for k, v in state.items()}
-        print(f"VT_RANK_HASH rank={self.args.process_index} world={self.args.world_size} "
-              f"sha256={state_dict_hash(state)}", flush=True)
+        digest = state_dict_hash(state)
+        print(f"VT_RANK_HASH rank={self.args.process_index} world={self.args.world_size} sha256={digest}", flush=True)
         if dump:
+            # Also one file per rank: ranks share stdout, where their lines can interleave.
             Path(dump).mkdir(parents=True, exist_ok=True)
+            Path(dump, f"rank{self.args.process_index}.sha256").write_text(digest)
             torch.save(state, Path(dump, f"rank{self.args.process_index}.pt"))
     if os.environ.get("VT_EXIT_AFTER_TRAIN") == "1":
         self.accelerator.wait_for_everyone()
