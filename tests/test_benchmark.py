@@ -125,6 +125,14 @@ def test_generation_split_times_the_model_inside_generate_and_leaves_it_untouche
     assert split["model_s"] + split["loop_s"] == pytest.approx(split["total_s"], rel=0.5)
     # The timing wrappers are gone: forward is the class's again, for the model and its encoder.
     assert "forward" not in vars(ours) and "forward" not in vars(ours.get_encoder())
+    # A forward already wrapped on the instance (as accelerate's device_map hooks do) is put back, and timed.
+    hooked = ours.get_encoder().forward
+    ours.get_encoder().forward = hooked
+    try:
+        assert generation_split(ours, lambda: generate_fixed_length(ours, **source, new_tokens=2), 1)["model_s"] > 0
+        assert vars(ours.get_encoder())["forward"] is hooked and "forward" not in vars(ours)
+    finally:
+        del ours.get_encoder().forward
 
 
 def test_quick_benchmark_compares_like_with_like_and_writes_reports(spec, tmp_path):

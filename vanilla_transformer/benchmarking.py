@@ -407,6 +407,8 @@ def generation_split(model: torch.nn.Module, run: Callable, repeats: int) -> dic
         return wrapper
 
     modules = (model, model.get_encoder())
+    # accelerate's hooks (device_map) also live in an instance `forward`: put back whatever was there.
+    previous = {module: vars(module).get("forward") for module in modules}
     for module in modules:
         module.forward = timed(module.forward)  # an instance attribute: nn.Module.__call__ finds it first
     totals, models = [], []
@@ -418,8 +420,11 @@ def generation_split(model: torch.nn.Module, run: Callable, repeats: int) -> dic
             totals.append(time.perf_counter() - start)
             models.append(inside[0])
     finally:
-        for module in modules:
-            del module.forward
+        for module, forward in previous.items():
+            if forward is None:
+                del module.forward
+            else:
+                module.forward = forward
     return {"total_s": statistics.median(totals), "model_s": statistics.median(models),
             "loop_s": statistics.median(t - m for t, m in zip(totals, models))}
 
