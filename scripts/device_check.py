@@ -10,7 +10,10 @@ On a CUDA machine it measures, in a few minutes and installing nothing:
    paper's base and big models: tokens/s, model TFLOP/s and model-FLOPs utilisation against a bf16 matmul
    peak measured on the same card, peak memory;
 3. beam search (beam 4, bf16 weights, fixed output length): tokens/s and peak memory;
-4. a short bf16 training run of scripts/train.py on the built-in task (small model) whose loss must fall.
+4. the performance comparisons of scripts/benchmark.py on this device (fp32, interleaved): ours vs
+   MarianMTModel of the same shape (training step, greedy and beam-4 decoding) and beam-4 vs the textbook
+   no-cache decoder at growing output lengths;
+5. a short bf16 training run of scripts/train.py on the built-in task (small model) whose loss must fall.
 
 It writes device_check.json and device_check.md to $OUT if set, else device_check_out/ (or --out).
 Without CUDA it prints why and exits 0. `--cpu-smoke` runs the same code on the CPU with tiny sizes (< 60 s),
@@ -38,6 +41,8 @@ GPU_SETTINGS = dict(
     attention_preset="base", vocab_size=37000, presets=("base", "big"), train_batch=384, source_length=64,
     target_length=64, warmup_steps=3, timed_steps=10, matmul_size=8192, matmul_repeats=10,
     beam_preset="base", beam_batch=64, beam_source_length=32, beam_new_tokens=32, beam_repeats=3,
+    peers=dict(preset="base", vocab_size=37000, train_batch=64, length=32, decode_batch=64, new_tokens=30,
+               curve=(10, 30, 100), repeats=3),
     run=dict(preset="small", vocab_size=4000, max_steps=200, batch=128, warmup=100, train_samples=20000,
              eval_samples=100, logging_steps=10, timeout_s=300, workers=2),
 )
@@ -45,6 +50,8 @@ CPU_SMOKE_SETTINGS = dict(
     attention_preset="tiny", vocab_size=1000, presets=("tiny",), train_batch=4, source_length=8,
     target_length=8, warmup_steps=1, timed_steps=2, matmul_size=256, matmul_repeats=2,
     beam_preset="tiny", beam_batch=2, beam_source_length=8, beam_new_tokens=4, beam_repeats=1,
+    peers=dict(preset="tiny", vocab_size=1000, train_batch=4, length=8, decode_batch=2, new_tokens=4, curve=(2, 4),
+               repeats=1),
     run=dict(preset="tiny", vocab_size=300, max_steps=30, batch=16, warmup=10, train_samples=512,
              eval_samples=4, logging_steps=2, timeout_s=150, workers=0),
 )
@@ -304,6 +311,70 @@ def beam_throughput(device, s) -> dict:
             "output_shape": list(output["ids"].shape), "peak_memory_gib": peak_gib(device)}
 
 
+def speed_vs_peers(device, s) -> dict:
+    """scripts/benchmark.py's comparisons on this device, fp32 and interleaved as there: ours vs MarianMTModel of
+    the same shape (training step, greedy and beam-4 decoding of a fixed length), and beam 4 against the
+    textbook decoder (no cache) as the output grows. Ratios are peer time / our time."""
+    import torch
+
+    from vanilla_transformer import benchmarking
+
+    p = s["peers"]
+    spec = benchmarking.BenchmarkSpec(
+        preset=p["preset"], vocab_size=p["vocab_size"], batch_size=p["train_batch"], source_length=p["length"],
+        target_length=p["length"], generation_batch_size=p["decode_batch"], new_tokens=p["new_tokens"],
+        curve_lengths=p["curve"], repeats=p["repeats"], threads=torch.get_num_threads())
+    models = {name: model.to(device) for name, model in benchmarking.build_models(spec).items()}
+    config = models["ours"].config
+    textbook = benchmarking.TextbookDecoder(models["ours"])
+
+    def synced(fn):
+        def run():
+            fn()
+            sync(device)
+        return run
+
+    def medians_ms(tasks, repeats, warmup=1):
+        times = benchmarking.time_interleaved({name: synced(fn) for name, fn in tasks.items()}, repeats, warmup)
+        return {name: statistics.median(values) * 1e3 for name, values in times.items()}
+
+    batch = {k: v.to(device) for k, v in benchmarking.training_batch(spec, config).items()}
+    train = medians_ms({name: benchmarking.make_train_step(model, batch) for name, model in models.items()},
+                       p["repeats"])
+    result = {"preset": p["preset"], "vocab_size": p["vocab_size"], "targets": benchmarking.TARGETS,
+              "train_ms": train, "train_speed_vs_marian": train["marian"] / train["ours"]}
+    source = {k: v.to(device) for k, v in benchmarking.source_batch(spec, config, p["decode_batch"]).items()}
+    outputs = {}
+    for workload, beams in (("greedy", 1), ("beam", 4)):
+        def ours_or_marian(name, b=beams):
+            outputs[name, b] = benchmarking.generate_fixed_length(models[name], **source, new_tokens=p["new_tokens"],
+                                                                  num_beams=b)
+
+        def textbook_run(b=beams):
+            decode = textbook.greedy if b == 1 else textbook.beam
+            outputs["textbook", b] = decode(**source, new_tokens=p["new_tokens"], **({} if b == 1 else {"num_beams": b}))
+
+        ms = medians_ms({"ours": lambda: ours_or_marian("ours"), "marian": lambda: ours_or_marian("marian"),
+                         "textbook": textbook_run}, p["repeats"])
+        result[f"{workload}_ms"] = ms
+        result[f"{workload}_speed_vs_marian"] = ms["marian"] / ms["ours"]
+        result[f"{workload}_speed_vs_textbook"] = ms["textbook"] / ms["ours"]
+        # Same weights: the textbook decoder's tokens should be ours (GPU reductions may flip a near-tie).
+        result[f"{workload}_textbook_equals_ours"] = torch.equal(outputs["textbook", beams], outputs["ours", beams])
+    curve = []
+    for length in p["curve"]:
+        ms = medians_ms({
+            "ours": lambda n=length: benchmarking.generate_fixed_length(models["ours"], **source, new_tokens=n,
+                                                                        num_beams=4),
+            "textbook": lambda n=length: textbook.beam(**source, new_tokens=n, num_beams=4),
+        }, max(1, p["repeats"] - 1), warmup=0)
+        curve.append({"new_tokens": length, "ours_ms": ms["ours"], "textbook_ms": ms["textbook"],
+                      "speedup": ms["textbook"] / ms["ours"]})
+    result["beam_vs_textbook"] = curve
+    del models, textbook
+    return result
+
+
 def training_run(device, s, cpu_smoke: bool) -> dict:
     """scripts/train.py --bf16 on the built-in task in a subprocess; the logged loss must fall."""
     r = s["run"]
@@ -389,6 +460,24 @@ def render_markdown(report: dict) -> str:
                   "| --- | --- | --- | --- | --- | --- | --- | --- |",
                   f"| {beam['preset']} | {beam['batch']} | {beam['num_beams']} | {beam['new_tokens']} | {beam['seconds']:.3f} "
                   f"| {beam['tokens_per_s']:,.0f} | {beam['sentences_per_s']:,.1f} | {_fmt(beam['peak_memory_gib'])} |", ""]
+    peers = report["sections"].get("speed_vs_peers", {}).get("result")
+    if peers:
+        t = peers["targets"]
+        lines += [f"## Speed vs MarianMTModel and the textbook decoder ({peers['preset']}, vocabulary "
+                  f"{peers['vocab_size']:,}, fp32; ratios: peer time / our time)", "",
+                  "| workload | ours ms | Marian ms | textbook ms | ours/Marian | target | ours/textbook |",
+                  "| --- | --- | --- | --- | --- | --- | --- |",
+                  f"| training step | {peers['train_ms']['ours']:.1f} | {peers['train_ms']['marian']:.1f} | – "
+                  f"| {peers['train_speed_vs_marian']:.2f}x | ≥ {t['train_speed_vs_marian']}x | – |"]
+        for workload in ("greedy", "beam"):
+            ms = peers[f"{workload}_ms"]
+            lines.append(f"| {workload} | {ms['ours']:.1f} | {ms['marian']:.1f} | {ms['textbook']:.1f} "
+                         f"| {peers[f'{workload}_speed_vs_marian']:.2f}x | ≥ {t[f'{workload}_speed_vs_marian']}x "
+                         f"| {peers[f'{workload}_speed_vs_textbook']:.2f}x |")
+        lines += ["", "Beam 4 vs the textbook decoder: " + ", ".join(
+            f"{c['new_tokens']} tokens {c['speedup']:.1f}x" for c in peers["beam_vs_textbook"])
+            + f" (target ≥ {t['beam_speed_vs_textbook_at_30']}x at 30). Textbook tokens equal ours: greedy "
+            f"{_fmt(peers['greedy_textbook_equals_ours'])}, beam {_fmt(peers['beam_textbook_equals_ours'])}.", ""]
     run = report["sections"].get("training_run", {}).get("result")
     if run:
         lines += ["## Training run (scripts/train.py --bf16, built-in task)", "",
@@ -472,6 +561,7 @@ def main(argv=None) -> int:
             report["sections"][f"train_step_{preset}"]["ok"] = False
             report["sections"][f"train_step_{preset}"]["error"] = "non-finite loss"
     section("beam_search", beam_throughput, device, settings)
+    section("speed_vs_peers", speed_vs_peers, device, settings)
     run = section("training_run", training_run, device, settings, args.cpu_smoke)
     if run is not None and not run["loss_falls"]:
         report["sections"]["training_run"]["ok"] = False

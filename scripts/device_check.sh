@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # GPU check of vanilla_transformer: attention agreement, bf16 training throughput and MFU (base, big),
-# beam-search throughput, peak memory, and a short bf16 training run. Logic: scripts/device_check.py.
+# beam-search throughput, peak memory, speed against MarianMTModel and the textbook decoder (the benchmark's
+# comparisons), and a short bf16 training run. Logic: scripts/device_check.py.
 #
 #   scripts/device_check.sh                 # on a CUDA machine; < 8 minutes; results in $OUT or device_check_out/
 #   scripts/device_check.sh --cpu-smoke     # the same code, tiny sizes, on the CPU (< 60 s; for tests)

@@ -226,7 +226,7 @@ def test_device_check_cpu_smoke_runs_every_section(tmp_path):
     assert report["ok"] and report["cpu_smoke"]
     sections = report["sections"]
     assert set(sections) == {"environment", "matmul_peak", "attention_agreement", "train_step_tiny", "beam_search",
-                             "training_run"}
+                             "speed_vs_peers", "training_run"}
     agreement = sections["attention_agreement"]["result"]["padded"]
     assert agreement["eager/fp32"] == 0.0 and agreement["sdpa/fp32"] < 1e-4
     assert agreement["sdpa/bf16"] < 0.25 and agreement["eager/bf16"] < 0.25
@@ -236,7 +236,12 @@ def test_device_check_cpu_smoke_runs_every_section(tmp_path):
     step = sections["train_step_tiny"]["result"]
     assert step["loss_finite"] and step["tokens_per_s"] > 0 and 0 < step["mfu"]
     assert sections["beam_search"]["result"]["output_shape"] == [2, 5]  # 4 new tokens after the start token
+    peers = sections["speed_vs_peers"]["result"]  # the benchmark's comparisons, on the device
+    assert peers["greedy_textbook_equals_ours"] and peers["beam_textbook_equals_ours"]
+    assert all(peers[f"{w}_speed_vs_marian"] > 0 for w in ("train", "greedy", "beam"))
+    assert [c["new_tokens"] for c in peers["beam_vs_textbook"]] == [2, 4]
     run = sections["training_run"]["result"]
     assert run["loss_falls"] and math.isfinite(run["last_logged_loss"])
     markdown = (out / "device_check.md").read_text()
     assert "## bf16 training step" in markdown and "All checks passed: **yes**" in markdown
+    assert "## Speed vs MarianMTModel and the textbook decoder" in markdown

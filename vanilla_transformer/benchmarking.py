@@ -270,9 +270,9 @@ class TextbookDecoder:
         memory = self._encode(input_ids, attention_mask).repeat_interleave(num_beams, dim=0)
         attention_mask = attention_mask.repeat_interleave(num_beams, dim=0)
         prefix = input_ids.new_full((batch * num_beams, 1), self.start_id)
-        scores = torch.full((batch, num_beams), -1e9)
+        scores = torch.full((batch, num_beams), -1e9, device=input_ids.device)
         scores[:, 0] = 0.0  # all beams start identical: expand only the first one at the first step
-        offsets = (torch.arange(batch) * num_beams)[:, None]
+        offsets = (torch.arange(batch, device=input_ids.device) * num_beams)[:, None]
         for _ in range(new_tokens):
             log_probs = self._next_log_probs(memory, attention_mask, prefix)
             vocab = log_probs.shape[-1]
