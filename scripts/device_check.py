@@ -351,8 +351,7 @@ def speed_vs_peers(device, s) -> dict:
                                                                   num_beams=b)
 
         def textbook_run(b=beams):
-            decode = textbook.greedy if b == 1 else textbook.beam
-            outputs["textbook", b] = decode(**source, new_tokens=p["new_tokens"], **({} if b == 1 else {"num_beams": b}))
+            outputs["textbook", b] = textbook.decode(**source, new_tokens=p["new_tokens"], num_beams=b)
 
         ms = medians_ms({"ours": lambda: ours_or_marian("ours"), "marian": lambda: ours_or_marian("marian"),
                          "textbook": textbook_run}, p["repeats"])

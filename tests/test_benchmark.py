@@ -63,8 +63,7 @@ def test_textbook_decoder_matches_our_cached_decoding_on_shared_weights(spec, mo
     source = source_batch(spec, ours.config, batch=3)
     textbook = TextbookDecoder(ours)
     expected = generate_fixed_length(ours, **source, new_tokens=6, num_beams=num_beams)
-    got = (textbook.greedy(**source, new_tokens=6) if num_beams == 1
-           else textbook.beam(**source, new_tokens=6, num_beams=num_beams))
+    got = textbook.decode(**source, new_tokens=6, num_beams=num_beams)
     assert got.shape == expected.shape == (3, 7)
     assert torch.equal(got, expected)
     assert not (got[:, 1:] == ours.config.eos_token_id).any()  # fixed length: eos is suppressed
@@ -99,8 +98,7 @@ def test_decoding_flops_agree_with_torchs_flop_counter(spec, models, num_beams):
     textbook = TextbookDecoder(ours)
     runs = {
         True: lambda: generate_fixed_length(ours, **source, new_tokens=5, num_beams=num_beams),
-        False: lambda: (textbook.greedy(**source, new_tokens=5) if num_beams == 1
-                        else textbook.beam(**source, new_tokens=5, num_beams=num_beams)),
+        False: lambda: textbook.decode(**source, new_tokens=5, num_beams=num_beams),
     }
     for cached, run in runs.items():
         with FlopCounterMode(display=False) as counter:

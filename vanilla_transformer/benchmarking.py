@@ -283,6 +283,12 @@ class TextbookDecoder:
         # Equal lengths: the length penalty cannot reorder, and topk left each sentence's best beam first.
         return prefix.view(batch, num_beams, -1)[:, 0]
 
+    def decode(self, input_ids, attention_mask, new_tokens: int, num_beams: int = 1) -> torch.Tensor:
+        """Greedy for one beam, else beam search: the counterpart of `generate_fixed_length`."""
+        if num_beams == 1:
+            return self.greedy(input_ids, attention_mask, new_tokens)
+        return self.beam(input_ids, attention_mask, new_tokens, num_beams)
+
 
 def training_flops(config, batch_size: int, source_length: int, target_length: int, attention: bool = True) -> int:
     """Model FLOPs of one training step (forward + backward = 3 x forward) over the padded batch shape: every
@@ -511,8 +517,7 @@ def memory_workloads(spec: BenchmarkSpec, system: str) -> dict[str, float]:
     for workload, beams in (("greedy", 1), ("beam", spec.num_beams)):
         if system == "textbook":
             decoder = TextbookDecoder(model)
-            run = (lambda n, b=beams: decoder.greedy(**source, new_tokens=n) if b == 1
-                   else decoder.beam(**source, new_tokens=n, num_beams=b))
+            run = lambda n, b=beams: decoder.decode(**source, new_tokens=n, num_beams=b)  # noqa: E731
         else:
             run = lambda n, b=beams: generate_fixed_length(model, **source, new_tokens=n, num_beams=b)  # noqa: E731
         run(min(2, spec.new_tokens))
@@ -622,15 +627,10 @@ def run_benchmark(spec: BenchmarkSpec, log: Callable[[str], None] = print) -> di
         log(f"timing {workload} decoding ...")
         mark = time.perf_counter()
 
-        def textbook_run(b=beams):
-            if b == 1:
-                return textbook.greedy(**source, new_tokens=spec.new_tokens)
-            return textbook.beam(**source, new_tokens=spec.new_tokens, num_beams=b)
-
         tasks = {name: (lambda m=model, b=beams: generate_fixed_length(m, **source, new_tokens=spec.new_tokens,
                                                                         num_beams=b))
                  for name, model in models.items()}
-        tasks["textbook"] = textbook_run
+        tasks["textbook"] = lambda b=beams: textbook.decode(**source, new_tokens=spec.new_tokens, num_beams=b)
         tasks = {name: (lambda f=f, n=name, w=workload: outputs.__setitem__((n, w), f())) for name, f in tasks.items()}
         tasks["floor"] = ProjectionFloor(ours, spec.generation_batch_size, source["input_ids"].shape[1],
                                          spec.new_tokens, beams)
