@@ -252,7 +252,7 @@ def train_step_throughput(device, preset, s, peak_tflops) -> dict:
     """bf16 autocast training step (fp32 weights, fused AdamW, paper dropout): tokens/s, MFU, peak memory."""
     import torch
 
-    from vanilla_transformer.benchmarking import training_flops
+    from vanilla_transformer.benchmarking import token_counts, training_flops
 
     reset_peak(device)
     model = build_model(preset, s["vocab_size"], device).train()
@@ -275,7 +275,8 @@ def train_step_throughput(device, preset, s, peak_tflops) -> dict:
     source_tokens = int(batch["attention_mask"].sum())
     target_tokens = int((batch["labels"] != -100).sum())
     source_width, target_width = batch["input_ids"].shape[1], batch["labels"].shape[1]
-    flops = training_flops(model.config, s["train_batch"], source_width, target_width)
+    # Model FLOPs of the batch's tokens (the model skips the padding; see `token_counts`).
+    flops = training_flops(model.config, s["train_batch"], source_width, target_width, True, *token_counts(batch))
     result = {
         "preset": preset, "parameters": params, "batch": s["train_batch"], "source_width": source_width,
         "target_width": target_width, "source_tokens": source_tokens, "target_tokens": target_tokens,

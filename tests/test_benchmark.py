@@ -24,6 +24,7 @@ from vanilla_transformer.benchmarking import (
     source_batch,
     target_verdicts,
     training_batch,
+    token_counts,
     training_flops,
     write_results,
 )
@@ -71,21 +72,27 @@ def test_textbook_decoder_matches_our_cached_decoding_on_shared_weights(spec, mo
 
 def test_training_flops_agree_with_torchs_flop_counter(spec, models):
     # torch's counter sees every matmul but not CPU attention kernels; ours without attention must match it.
-    for model in models.values():
-        batch = training_batch(spec, models["ours"].config)
+    # Marian computes the whole padded batch, ours only its tokens.
+    batch = training_batch(spec, models["ours"].config)
+    shape = (*batch["input_ids"].shape, batch["labels"].shape[1])
+    tokens = {"ours": token_counts(batch), "marian": ()}
+    assert token_counts(batch) == (int(batch["attention_mask"].sum()), int((batch["labels"] != -100).sum()))
+    assert sum(token_counts(batch)) < batch["input_ids"].numel() + batch["labels"].numel()
+    for name, model in models.items():
         model.train()
         with FlopCounterMode(display=False) as counter:
             model(**batch).loss.backward()
-        shape = (*batch["input_ids"].shape, batch["labels"].shape[1])
-        assert training_flops(models["ours"].config, *shape, attention=False) == counter.get_total_flops()
-        assert training_flops(models["ours"].config, *shape) > counter.get_total_flops()
+        config = models["ours"].config
+        assert training_flops(config, *shape, False, *tokens[name]) == counter.get_total_flops(), name
+        assert training_flops(config, *shape, True, *tokens[name]) > counter.get_total_flops()
+    assert training_flops(config, *shape, True, *token_counts(batch)) < training_flops(config, *shape)
     # The training floor runs exactly the step's matmuls, and updates copies of the weights, not the model's.
     ours = models["ours"]
     before = {name: p.detach().clone() for name, p in ours.named_parameters()}
     floor = TrainingFloor(ours, batch)
     with FlopCounterMode(display=False) as counter:
         floor()
-    assert counter.get_total_flops() == training_flops(ours.config, *shape, attention=False)
+    assert counter.get_total_flops() == training_flops(ours.config, *shape, False, *token_counts(batch))
     assert sum(p.numel() for group in floor.optimizer.param_groups for p in group["params"]) == 297_472
     assert all(torch.equal(p, before[name]) for name, p in ours.named_parameters())
 
@@ -95,6 +102,8 @@ def test_decoding_flops_agree_with_torchs_flop_counter(spec, models, num_beams):
     ours = models["ours"]
     source = source_batch(spec, ours.config, batch=3)
     shape = (ours.config, 3, source["input_ids"].shape[1], 5, num_beams)
+    source_tokens = int(source["attention_mask"].sum())
+    assert source_tokens < source["input_ids"].numel()  # ours skips the padding
     textbook = TextbookDecoder(ours)
     runs = {
         True: lambda: generate_fixed_length(ours, **source, new_tokens=5, num_beams=num_beams),
@@ -103,12 +112,13 @@ def test_decoding_flops_agree_with_torchs_flop_counter(spec, models, num_beams):
     for cached, run in runs.items():
         with FlopCounterMode(display=False) as counter:
             run()
-        assert decoding_flops(*shape, cached=cached, attention=False) == counter.get_total_flops(), cached
+        expected = decoding_flops(*shape, cached=cached, attention=False, source_tokens=source_tokens)
+        assert expected == counter.get_total_flops(), cached
     # The projection floor runs exactly the cached decoding's matmuls.
     with FlopCounterMode(display=False) as counter:
-        ProjectionFloor(ours, 3, source["input_ids"].shape[1], 5, num_beams)()
-    assert counter.get_total_flops() == decoding_flops(*shape, attention=False)
-    assert decoding_flops(*shape, cached=False) > decoding_flops(*shape)
+        ProjectionFloor(ours, 3, source["input_ids"].shape[1], 5, num_beams, source_tokens)()
+    assert counter.get_total_flops() == decoding_flops(*shape, attention=False, source_tokens=source_tokens)
+    assert decoding_flops(*shape, cached=False) > decoding_flops(*shape) > decoding_flops(*shape, source_tokens=1)
 
 
 def test_generation_split_times_the_model_inside_generate_and_leaves_it_untouched(spec, models):

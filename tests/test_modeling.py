@@ -22,7 +22,7 @@ from vanilla_transformer import (
     VanillaTransformerForConditionalGeneration,
     VanillaTransformerModel,
 )
-from vanilla_transformer.modeling_vanilla_transformer import CACHE_FIELD, SinusoidalPositionalEncoding, dropout
+from vanilla_transformer.modeling_vanilla_transformer import CACHE_FIELD, Padding, SinusoidalPositionalEncoding, dropout
 
 ATOL = 1e-5  # float32 on CPU; observed differences are about 1e-6
 
@@ -86,6 +86,96 @@ def test_encoder_sees_the_whole_source_and_decoder_only_the_past(normalize_befor
     # Causal: positions before the change are untouched, the changed one and later ones move.
     torch.testing.assert_close(after.logits[0, :3], base.logits[0, :3], atol=ATOL, rtol=0)
     assert (after.logits[0, 3:] - base.logits[0, 3:]).abs().max() > 1e-4
+
+
+# Padding is skipped, not computed ----------------------------------------------------------------------
+
+def test_padding_packs_tokens_and_unpacks_them_with_zeros_at_the_padding():
+    mask = torch.tensor([[1, 1, 0], [0, 1, 1]])
+    grid = torch.arange(6 * 2, dtype=torch.float32).view(2, 3, 2)
+    padding = Padding(mask)
+    tokens = padding.pack(grid)
+    torch.testing.assert_close(tokens, grid[mask.bool()], atol=0, rtol=0)
+    torch.testing.assert_close(padding.unpack(tokens), grid * mask[..., None], atol=0, rtol=0)
+    # Nothing to skip: no mask, no padding, switched off, or a 4-D mask prepared by generate().
+    for nothing in (Padding(None), Padding(torch.ones(2, 3)), Padding(mask, enabled=False), Padding(mask[None, None])):
+        assert nothing.pack(grid) is grid and nothing.unpack(grid) is grid
+
+
+def _loss_outputs_and_gradients(model, **batch):
+    model.zero_grad()
+    out = model(**batch, output_hidden_states=True)
+    out.loss.backward()
+    return out, {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None}
+
+
+@pytest.mark.parametrize("source_padding", ["right", "left"])
+def test_skipping_the_padding_changes_no_loss_gradient_or_token_output(normalize_before, source_padding):
+    model = tiny_model(normalize_before=normalize_before, label_smoothing=0.1)
+    input_ids, attention_mask, labels = random_batch()
+    if source_padding == "left":
+        input_ids, attention_mask = input_ids.flip(1), attention_mask.flip(1)
+    labels[0, -2:] = -100  # padding after the last label: skipped
+    labels[1, 1] = -100  # an unlabelled position inside the target: still computed, later positions read it
+    batch = dict(input_ids=input_ids, attention_mask=attention_mask, labels=labels)
+    skipped, skipped_grads = _loss_outputs_and_gradients(model, **batch)
+    model.config.skip_padding = False
+    full, full_grads = _loss_outputs_and_gradients(model, **batch)
+    torch.testing.assert_close(skipped.loss, full.loss, atol=1e-6, rtol=0)
+    assert skipped_grads.keys() == full_grads.keys() and len(full_grads) > 10
+    for name in full_grads:
+        torch.testing.assert_close(skipped_grads[name], full_grads[name], atol=1e-6, rtol=0, msg=name)
+    source, target = attention_mask.bool(), torch.ones_like(labels, dtype=torch.bool)
+    target[0, -2:] = False
+    for got, expected, tokens in [(skipped.logits, full.logits, target),
+                                  (skipped.encoder_last_hidden_state, full.encoder_last_hidden_state, source),
+                                  *[(a, b, source) for a, b in zip(skipped.encoder_hidden_states, full.encoder_hidden_states)],
+                                  *[(a, b, target) for a, b in zip(skipped.decoder_hidden_states, full.decoder_hidden_states)]]:
+        assert got.shape == expected.shape
+        torch.testing.assert_close(got[tokens], expected[tokens], atol=ATOL, rtol=0)
+        assert not got[~tokens].any()  # skipped positions read as zeros
+    model.config.skip_padding = True
+
+
+def test_a_decoder_attention_mask_skips_the_decoders_padding_too():
+    model = tiny_model()
+    input_ids, attention_mask, labels = random_batch()
+    decoder_input_ids = model.prepare_decoder_input_ids_from_labels(labels)
+    decoder_attention_mask = torch.ones_like(decoder_input_ids)
+    decoder_attention_mask[2, -3:] = 0
+    batch = dict(input_ids=input_ids, attention_mask=attention_mask, decoder_input_ids=decoder_input_ids,
+                 decoder_attention_mask=decoder_attention_mask)
+    base = VanillaTransformerModel(model.config)
+    base.load_state_dict(model.model.state_dict())
+    with torch.no_grad():
+        outputs = {skip: (model(**batch).logits, base(**batch, use_cache=False).last_hidden_state)
+                   for skip in (True, False) if not setattr(model.config, "skip_padding", skip)}
+    tokens = decoder_attention_mask.bool()
+    for skipped, full in zip(outputs[True], outputs[False]):
+        torch.testing.assert_close(skipped[tokens], full[tokens], atol=ATOL, rtol=0)
+        assert not skipped[~tokens].any()
+    model.config.skip_padding = True
+
+
+def test_generation_is_unchanged_by_skipping_the_sources_padding():
+    model = tiny_model()
+    input_ids, attention_mask, _ = random_batch()
+    generated = {}
+    for skip in (True, False):
+        model.config.skip_padding = skip
+        for beams in (1, 4):
+            generated[skip, beams] = model.generate(input_ids=input_ids, attention_mask=attention_mask,
+                                                    max_new_tokens=6, num_beams=beams)
+    for beams in (1, 4):
+        assert torch.equal(generated[True, beams], generated[False, beams])
+
+
+def test_labels_of_another_shape_than_the_decoder_inputs_are_refused():
+    model = tiny_model()
+    input_ids, attention_mask, labels = random_batch()
+    with pytest.raises(ValueError, match=r"`labels` has shape \(3, 6\), but the decoder inputs have shape \(3, 4\)"):
+        model(input_ids=input_ids, attention_mask=attention_mask, labels=labels,
+              decoder_input_ids=torch.ones(3, 4, dtype=torch.long))
 
 
 def test_eager_and_sdpa_give_the_same_logits(normalize_before):

@@ -50,7 +50,7 @@ from transformers import GenerationConfig, MarianMTModel
 
 from .conversion import marian_config_like
 from .configuration_vanilla_transformer import PRESETS, VanillaTransformerConfig
-from .modeling_vanilla_transformer import VanillaTransformerForConditionalGeneration
+from .modeling_vanilla_transformer import VanillaTransformerForConditionalGeneration, _positions_feeding_the_loss
 
 # A vocabulary per preset: a small BPE for the CPU presets, the paper's shared 37k BPE (§5.1) for Table 3's.
 DEFAULT_VOCAB = {"tiny": 1000, "small": 8000, "base": 37000, "big": 37000}
@@ -290,43 +290,60 @@ class TextbookDecoder:
         return self.beam(input_ids, attention_mask, new_tokens, num_beams)
 
 
-def training_flops(config, batch_size: int, source_length: int, target_length: int, attention: bool = True) -> int:
-    """Model FLOPs of one training step (forward + backward = 3 x forward) over the padded batch shape: every
-    matmul (projections, feed-forward, output layer and, with `attention`, the attention scores and their
-    weighted sums, counted over full squares as the kernels compute them) at 2 FLOPs per multiply-add."""
+def token_counts(batch: dict) -> tuple[int, int]:
+    """The source and target positions our model computes for a training batch; it skips the rest, padding
+    and the positions after each row's last label (see `Padding` in the modeling file)."""
+    target = _positions_feeding_the_loss(batch["labels"], batch.get("decoder_attention_mask"))
+    source = batch.get("attention_mask")
+    return int(source.sum()) if source is not None else batch["input_ids"].numel(), int(target.sum())
+
+
+def training_flops(config, batch_size: int, source_length: int, target_length: int, attention: bool = True,
+                   source_tokens: int | None = None, target_tokens: int | None = None) -> int:
+    """Model FLOPs of one training step (forward + backward = 3 x forward): every matmul (projections,
+    feed-forward, output layer and, with `attention`, the attention scores and their weighted sums, counted
+    over the padded squares as the kernels compute them) at 2 FLOPs per multiply-add.
+
+    Projections run on `source_tokens` and `target_tokens` positions: by default the whole padded batch, as a
+    dense implementation computes it; `token_counts(batch)` gives the positions of the batch's tokens, which
+    is what ours computes and what model-FLOPs utilisation counts."""
     d = config.d_model
-    scores = 1 if attention else 0
-    encoder_per_token = config.encoder_layers * (2 * 4 * d * d + 2 * 2 * d * config.encoder_ffn_dim
-                                                 + scores * 2 * 2 * source_length * d)
+    source_tokens = batch_size * source_length if source_tokens is None else source_tokens
+    target_tokens = batch_size * target_length if target_tokens is None else target_tokens
+    encoder_per_token = config.encoder_layers * (2 * 4 * d * d + 2 * 2 * d * config.encoder_ffn_dim)
     cross_kv_per_source_token = config.decoder_layers * 2 * 2 * d * d
-    decoder_per_token = config.decoder_layers * (
-        2 * 4 * d * d + 2 * 2 * d * d + 2 * 2 * d * config.decoder_ffn_dim
-        + scores * (2 * 2 * target_length * d + 2 * 2 * source_length * d)
-    ) + 2 * d * config.vocab_size
-    forward = batch_size * (source_length * (encoder_per_token + cross_kv_per_source_token)
-                            + target_length * decoder_per_token)
+    decoder_per_token = config.decoder_layers * (2 * 6 * d * d + 2 * 2 * d * config.decoder_ffn_dim)
+    decoder_per_token += 2 * d * config.vocab_size
+    scores = int(attention) * batch_size * (
+        config.encoder_layers * 2 * 2 * source_length * source_length * d
+        + config.decoder_layers * (2 * 2 * target_length * target_length * d + 2 * 2 * target_length * source_length * d)
+    )
+    forward = (source_tokens * (encoder_per_token + cross_kv_per_source_token) + target_tokens * decoder_per_token
+               + scores)
     return 3 * forward
 
 
 def decoding_flops(config, batch_size: int, source_length: int, new_tokens: int, num_beams: int = 1,
-                   cached: bool = True, attention: bool = True) -> int:
+                   cached: bool = True, attention: bool = True, source_tokens: int | None = None) -> int:
     """Model FLOPs of decoding `new_tokens` tokens for `batch_size` sources of `source_length` tokens, counted
-    like `training_flops` (2 per multiply-add; attention over full squares when `attention`).
+    like `training_flops` (2 per multiply-add; attention over padded squares when `attention`; projections of
+    the source over its `source_tokens` positions, by default all of them).
 
     `cached` is our decoding: encode once, source keys/values once per source (its beams share them), then one
     position per step and per beam. Otherwise the textbook decoder: step t re-runs the decoder over all t
     positions of each beam, source keys/values included (no cache), and projects only the last position."""
     d, ffn, layers, scores = config.d_model, config.decoder_ffn_dim, config.decoder_layers, int(attention)
-    encoder = batch_size * source_length * config.encoder_layers * (
-        2 * 4 * d * d + 2 * 2 * d * config.encoder_ffn_dim + scores * 2 * 2 * source_length * d)
-    source_kv = source_length * layers * 2 * 2 * d * d
+    source_tokens = batch_size * source_length if source_tokens is None else source_tokens
+    encoder = (source_tokens * config.encoder_layers * (2 * 4 * d * d + 2 * 2 * d * config.encoder_ffn_dim)
+               + scores * batch_size * config.encoder_layers * 2 * 2 * source_length * source_length * d)
+    source_kv = source_tokens * layers * 2 * 2 * d * d
     rows = batch_size * num_beams
-    total = encoder + (batch_size * source_kv if cached else 0)
+    total = encoder + (source_kv if cached else 0)
     for t in range(1, new_tokens + 1):
         positions = 1 if cached else t
         per_position = layers * (2 * 4 * d * d + 2 * 2 * d * d + 2 * 2 * d * ffn
                                  + scores * (2 * 2 * t * d + 2 * 2 * source_length * d))
-        total += rows * (positions * per_position + 2 * d * config.vocab_size + (0 if cached else source_kv))
+        total += rows * (positions * per_position + 2 * d * config.vocab_size) + (0 if cached else num_beams * source_kv)
     return total
 
 
@@ -339,7 +356,7 @@ class ProjectionFloor:
     the same matmul kernels could gain over the peer."""
 
     def __init__(self, model: VanillaTransformerForConditionalGeneration, batch_size: int, source_length: int,
-                 new_tokens: int, num_beams: int = 1):
+                 new_tokens: int, num_beams: int = 1, source_tokens: int | None = None):
         inner = model.get_decoder()
         self.encoder = [m for m in model.get_encoder().modules() if isinstance(m, torch.nn.Linear)]
         self.source_kv = [p for layer in inner.layers for p in (layer.encoder_attn.k_proj, layer.encoder_attn.v_proj)]
@@ -349,7 +366,8 @@ class ProjectionFloor:
         self.new_tokens = new_tokens
         widths = {m.in_features for m in (*self.encoder, *self.step)}
         generator = torch.Generator().manual_seed(0)
-        self.source = {w: torch.randn(batch_size * source_length, w, generator=generator) for w in widths}
+        source_tokens = batch_size * source_length if source_tokens is None else source_tokens
+        self.source = {w: torch.randn(source_tokens, w, generator=generator) for w in widths}
         self.rows = {w: torch.randn(batch_size * num_beams, w, generator=generator) for w in widths}
 
     @torch.no_grad()
@@ -364,11 +382,12 @@ class ProjectionFloor:
 class TrainingFloor:
     """A lower bound on the time of any training step of this model: the step's matmuls alone (every linear
     layer and the output layer forward, then the input- and weight-gradient products of backward, at the
-    step's shapes with the model's weights), back to back, plus the same AdamW update over the same number
-    of parameters. No attention, normalisation, dropout, loss or autograd bookkeeping around them."""
+    step's shapes with the model's weights, over the batch's tokens only), back to back, plus the same AdamW
+    update over the same number of parameters. No attention, normalisation, dropout, loss or autograd
+    bookkeeping around them."""
 
     def __init__(self, model: VanillaTransformerForConditionalGeneration, batch: dict, lr: float = 1e-4):
-        source_rows, target_rows = batch["input_ids"].numel(), batch["labels"].numel()
+        source_rows, target_rows = token_counts(batch)
         inner = model.get_decoder()
         source_kv = {id(m) for layer in inner.layers for m in (layer.encoder_attn.k_proj, layer.encoder_attn.v_proj)}
         encoder = [m for m in model.get_encoder().modules() if isinstance(m, torch.nn.Linear)]
@@ -613,9 +632,13 @@ def run_benchmark(spec: BenchmarkSpec, log: Callable[[str], None] = print) -> di
     target_tokens = int((batch["labels"] != -100).sum())
     train = summarize(time_interleaved(steps, spec.repeats, spec.warmup), target_tokens)
     floor = train.pop("floor")
-    flops = training_flops(config, *batch["input_ids"].shape, batch["labels"].shape[1])
+    shape = (*batch["input_ids"].shape, batch["labels"].shape[1])
+    # Model FLOPs count the batch's tokens; a dense implementation also computes the padding.
+    flops = training_flops(config, *shape, True, *token_counts(batch))
+    executed = {"ours": flops, "marian": training_flops(config, *shape)}
     phases["train"] = time.perf_counter() - mark
     results["train"] = {"systems": train, "target_tokens": target_tokens, "flops_per_step": flops,
+                        "flops_per_step_padded": executed["marian"],
                         "floor": floor, "ceiling_vs_marian": train["marian"]["median_s"] / floor["median_s"],
                         "shape": {"batch": spec.batch_size, "source": batch["input_ids"].shape[1],
                                   "target": batch["labels"].shape[1]}}
@@ -633,7 +656,7 @@ def run_benchmark(spec: BenchmarkSpec, log: Callable[[str], None] = print) -> di
         tasks["textbook"] = lambda b=beams: textbook.decode(**source, new_tokens=spec.new_tokens, num_beams=b)
         tasks = {name: (lambda f=f, n=name, w=workload: outputs.__setitem__((n, w), f())) for name, f in tasks.items()}
         tasks["floor"] = ProjectionFloor(ours, spec.generation_batch_size, source["input_ids"].shape[1],
-                                         spec.new_tokens, beams)
+                                         spec.new_tokens, beams, int(source["attention_mask"].sum()))
         tokens = spec.generation_batch_size * spec.new_tokens
         systems = summarize(time_interleaved(tasks, spec.repeats, spec.warmup), tokens)
         # Separately (the timing hooks cost a little): how much of generate() is the loop around the model.
@@ -663,12 +686,13 @@ def run_benchmark(spec: BenchmarkSpec, log: Callable[[str], None] = print) -> di
                                                            num_beams=spec.num_beams),
             "textbook": lambda n=length: textbook.beam(**curve_source, new_tokens=n, num_beams=spec.num_beams),
             "floor": ProjectionFloor(ours, spec.curve_batch_size, curve_source["input_ids"].shape[1], length,
-                                     spec.num_beams),
+                                     spec.num_beams, int(curve_source["attention_mask"].sum())),
         }
         # No warm-up: the decoding workloads above already ran both code paths.
         timed = summarize(time_interleaved(tasks, spec.curve_repeats, warmup=0), spec.curve_batch_size * length)
         loop = generation_split(ours, tasks["ours"], spec.curve_repeats)["loop_s"]
         shape = (config, spec.curve_batch_size, curve_source["input_ids"].shape[1], length, spec.num_beams)
+        source_tokens = int(curve_source["attention_mask"].sum())
         curve.append({"new_tokens": length, "ours_s": timed["ours"]["median_s"],
                       "textbook_s": timed["textbook"]["median_s"],
                       "speedup": timed["textbook"]["median_s"] / timed["ours"]["median_s"],
@@ -678,7 +702,8 @@ def run_benchmark(spec: BenchmarkSpec, log: Callable[[str], None] = print) -> di
                       "generate_loop_s": loop,
                       "ceiling_through_generate": timed["textbook"]["median_s"] / (timed["floor"]["median_s"] + loop),
                       # What a cache saves in arithmetic.
-                      "flop_ratio": decoding_flops(*shape, cached=False) / decoding_flops(*shape)})
+                      "flop_ratio": decoding_flops(*shape, cached=False, source_tokens=source_tokens)
+                                    / decoding_flops(*shape, source_tokens=source_tokens)})
     phases["beam_curve"] = time.perf_counter() - mark
     results["beam_curve"] = {"batch": spec.curve_batch_size, "num_beams": spec.num_beams,
                              "repeats": spec.curve_repeats, "points": curve}
@@ -686,8 +711,9 @@ def run_benchmark(spec: BenchmarkSpec, log: Callable[[str], None] = print) -> di
     peaks.append(matmul_peak_flops(spec.matmul_size))
     peak = max(peaks)
     results["matmul_peak"] = {"size": spec.matmul_size, "flops": peak, "samples": peaks}
-    for system in train.values():
+    for name, system in train.items():
         system["mfu"] = flops / system["median_s"] / peak
+        system["matmul_utilisation"] = executed[name] / system["median_s"] / peak  # the FLOPs it actually runs
 
     if spec.memory:
         log("measuring peak memory in subprocesses ...")
@@ -857,8 +883,14 @@ def render_markdown(results: dict) -> str:
         f"Training-step model FLOPs: {train['flops_per_step'] / 1e9:.2f} GFLOP; fp32 matmul peak "
         f"({results['matmul_peak']['size']}³, best of the run): {results['matmul_peak']['flops'] / 1e9:.1f} GFLOP/s; "
         f"MFU ours {train['systems']['ours']['mfu']:.1%}, Marian {train['systems']['marian']['mfu']:.1%}.",
-        "",
     ]
+    if "flops_per_step_padded" in train:
+        lines += [
+            f"Model FLOPs count the batch's tokens. Marian also computes its padding "
+            f"({train['flops_per_step_padded'] / 1e9:.2f} GFLOP per step), which ours skips; counting the FLOPs each "
+            f"actually runs, the matmul units are busy {train['systems']['ours']['matmul_utilisation']:.1%} (ours) "
+            f"and {train['systems']['marian']['matmul_utilisation']:.1%} (Marian) of the peak."]
+    lines += [""]
     if "memory_mib" in results:
         mem = results["memory_mib"]
         lines += ["## Peak memory (MiB above the resident set before the workload)", "",
@@ -912,7 +944,7 @@ def render_markdown(results: dict) -> str:
         lines.append(f"| {name} | {sign} {v['target']}x | {_x(v['value'])} | {_x(v.get('ceiling'))} | {met} |")
     if "floor" in train:
         lines += ["", "Ceilings: training, Marian's step time over the training floor (`TrainingFloor`: the step's "
-                      "matmuls forward and backward, back to back, plus the AdamW update; "
+                      "matmuls forward and backward on the batch's tokens, back to back, plus the AdamW update; "
                       f"{_ms(train['floor']['median_s'])}); decoding, the peer's time over the projection floor plus "
                       "generate()'s loop."]
     else:
@@ -1115,6 +1147,7 @@ __all__ = [
     "profile_ours",
     "render_markdown",
     "run_benchmark",
+    "token_counts",
     "training_flops",
     "write_results",
 ]

@@ -56,6 +56,9 @@ class VanillaTransformerConfig(PreTrainedConfig):
     label_smoothing: float = 0.1
     # Standard deviation of the normal initialisation of every weight matrix (the paper does not say).
     init_std: float = 0.02
+    # Not in the paper, not in the results: layers other than attention skip padded positions (and decoder
+    # positions after the last label), which then read as zeros in the outputs. False computes them as well.
+    skip_padding: bool = True
     use_cache: bool = True
     is_encoder_decoder: bool = True
     tie_word_embeddings: bool = True

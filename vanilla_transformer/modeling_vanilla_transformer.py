@@ -95,6 +95,40 @@ def dropout(x: torch.Tensor, p: float, training: bool) -> torch.Tensor:
     return x * keep * (1.0 / (1.0 - p))
 
 
+class Padding:
+    """The positions of a padded (batch, length) grid that hold tokens.
+
+    Everything but attention works on each position alone, so it runs on the tokens only, packed into one
+    (tokens, features) matrix: a batch that is a quarter padding saves a quarter of the arithmetic. Attention
+    unpacks them into the grid, padding as zeros, where the masks keep padding out of every softmax. Outputs
+    at padded positions come back as zeros. Without a 2-D mask, with no padding, when disabled
+    (`config.skip_padding=False`) or inside torch.compile (a token count read from data breaks a graph),
+    packing and unpacking change nothing.
+    """
+
+    def __init__(self, token_mask: torch.Tensor | None = None, enabled: bool = True):
+        self.shape, self.rows = None, None
+        if not enabled or token_mask is None or token_mask.dim() != 2 or torch.compiler.is_compiling():
+            return
+        if not token_mask.bool().all():
+            self.shape = token_mask.shape
+            self.rows = token_mask.flatten().nonzero().squeeze(1)
+
+    def pack(self, grid: torch.Tensor) -> torch.Tensor:
+        """(batch, length, ...) -> (tokens, ...)"""
+        return grid if self.rows is None else grid.flatten(0, 1).index_select(0, self.rows)
+
+    def unpack(self, tokens: torch.Tensor) -> torch.Tensor:
+        """(tokens, ...) -> (batch, length, ...), zeros at the padding"""
+        if self.rows is None:
+            return tokens
+        grid = tokens.new_zeros(self.shape.numel(), *tokens.shape[1:])
+        return grid.index_copy(0, self.rows, tokens).unflatten(0, self.shape)
+
+
+NO_PADDING = Padding()
+
+
 class SinusoidalPositionalEncoding(nn.Module):
     """§3.5: PE(pos, 2i) = sin(pos / 10000^(2i/d)), PE(pos, 2i+1) = cos(pos / 10000^(2i/d)).
 
@@ -143,9 +177,14 @@ class VanillaTransformerAttention(nn.Module):
     def _heads(self, x: torch.Tensor) -> torch.Tensor:
         return x.view(*x.shape[:-1], -1, self.head_dim).transpose(1, 2)
 
-    def forward(self, hidden_states, key_value_states=None, attention_mask=None, cache: Cache | None = None):
+    def forward(self, hidden_states, key_value_states=None, attention_mask=None, cache: Cache | None = None,
+                padding: Padding = NO_PADDING, source_padding: Padding = NO_PADDING):
+        """`hidden_states` (and `key_value_states`) are the tokens packed by `padding` (`source_padding`):
+        the projections run on tokens, attention on the unpacked grid."""
         is_cross = key_value_states is not None
-        query = self._heads(self.q_proj(hidden_states))
+        query = padding.unpack(self.q_proj(hidden_states))
+        grid_shape = query.shape
+        query = self._heads(query)
         layer_cache = None
         if isinstance(cache, EncoderDecoderCache):
             layer_cache = cache.cross_attention_cache if is_cross else cache.self_attention_cache
@@ -156,8 +195,9 @@ class VanillaTransformerAttention(nn.Module):
             key = layer_cache.layers[self.layer_idx].keys
             value = layer_cache.layers[self.layer_idx].values
         else:
-            source = key_value_states if is_cross else hidden_states
-            key, value = self._heads(self.k_proj(source)), self._heads(self.v_proj(source))
+            source, source_padding = (key_value_states, source_padding) if is_cross else (hidden_states, padding)
+            key = self._heads(source_padding.unpack(self.k_proj(source)))
+            value = self._heads(source_padding.unpack(self.v_proj(source)))
             if layer_cache is not None:
                 key, value = layer_cache.update(key, value, self.layer_idx)
                 if is_cross and isinstance(cache, EncoderDecoderCache):
@@ -177,7 +217,7 @@ class VanillaTransformerAttention(nn.Module):
         )
         if group > 1 and weights is not None:
             weights = weights.unflatten(2, (group, -1)).transpose(1, 2).flatten(0, 1)
-        return self.out_proj(output.reshape(*hidden_states.shape[:-1], -1)), weights
+        return self.out_proj(padding.pack(output.reshape(grid_shape))), weights
 
 
 class VanillaTransformerFeedForward(nn.Module):
@@ -220,9 +260,10 @@ class VanillaTransformerEncoderLayer(_ResidualLayer):
         self.ffn = VanillaTransformerFeedForward(config, config.encoder_ffn_dim)
         self.final_layer_norm = nn.LayerNorm(config.d_model, eps=config.layer_norm_eps)
 
-    def forward(self, hidden_states, attention_mask):
+    def forward(self, hidden_states, attention_mask, padding=NO_PADDING):
         hidden_states, weights = self.residual(
-            hidden_states, self.self_attn_layer_norm, lambda x: self.self_attn(x, attention_mask=attention_mask)
+            hidden_states, self.self_attn_layer_norm,
+            lambda x: self.self_attn(x, attention_mask=attention_mask, padding=padding),
         )
         hidden_states, = self.residual(hidden_states, self.final_layer_norm, self.ffn)
         return hidden_states, weights
@@ -241,14 +282,16 @@ class VanillaTransformerDecoderLayer(_ResidualLayer):
         self.ffn = VanillaTransformerFeedForward(config, config.decoder_ffn_dim)
         self.final_layer_norm = nn.LayerNorm(config.d_model, eps=config.layer_norm_eps)
 
-    def forward(self, hidden_states, attention_mask, encoder_hidden_states, encoder_attention_mask, cache=None):
+    def forward(self, hidden_states, attention_mask, encoder_hidden_states, encoder_attention_mask, cache=None,
+                padding=NO_PADDING, source_padding=NO_PADDING):
         hidden_states, self_weights = self.residual(
             hidden_states, self.self_attn_layer_norm,
-            lambda x: self.self_attn(x, attention_mask=attention_mask, cache=cache),
+            lambda x: self.self_attn(x, attention_mask=attention_mask, cache=cache, padding=padding),
         )
         hidden_states, cross_weights = self.residual(
             hidden_states, self.encoder_attn_layer_norm,
-            lambda x: self.encoder_attn(x, encoder_hidden_states, attention_mask=encoder_attention_mask, cache=cache),
+            lambda x: self.encoder_attn(x, encoder_hidden_states, attention_mask=encoder_attention_mask, cache=cache,
+                                        padding=padding, source_padding=source_padding),
         )
         hidden_states, = self.residual(hidden_states, self.final_layer_norm, self.ffn)
         return hidden_states, self_weights, cross_weights
@@ -332,16 +375,19 @@ class VanillaTransformerEncoder(_Stack):
         hidden_states = self.embed(input_ids, inputs_embeds)
         _check_attention_mask(attention_mask, "attention_mask", *hidden_states.shape[:2])
         mask = create_bidirectional_mask(self.config, hidden_states, attention_mask)
+        padding = Padding(attention_mask, enabled=self.config.skip_padding)
+        hidden_states = padding.pack(hidden_states)
         all_hidden_states, all_attentions = (), ()
         for layer in self.layers:
             all_hidden_states += (hidden_states,)
-            hidden_states, weights = layer(hidden_states, mask)
+            hidden_states, weights = layer(hidden_states, mask, padding)
             all_attentions += (weights,)
         if self.layer_norm is not None:
             hidden_states = self.layer_norm(hidden_states)
+        hidden_states = padding.unpack(hidden_states)
         return BaseModelOutput(
             last_hidden_state=hidden_states,
-            hidden_states=all_hidden_states + (hidden_states,) if output_hidden_states else None,
+            hidden_states=(*map(padding.unpack, all_hidden_states), hidden_states) if output_hidden_states else None,
             attentions=all_attentions if output_attentions else None,
         )
 
@@ -357,7 +403,9 @@ class VanillaTransformerDecoder(_Stack):
     @can_return_tuple
     def forward(self, input_ids=None, attention_mask=None, encoder_hidden_states=None, encoder_attention_mask=None,
                 past_key_values=None, inputs_embeds=None, use_cache=None, output_attentions=None,
-                output_hidden_states=None, cache=None, **kwargs) -> BaseModelOutputWithPastAndCrossAttentions:
+                output_hidden_states=None, cache=None, token_mask=None, **kwargs) -> BaseModelOutputWithPastAndCrossAttentions:
+        """`token_mask` (batch, length): the positions whose outputs are wanted (default: `attention_mask`, when
+        it covers exactly the input); the others are skipped and come back as zeros (see `Padding`)."""
         self._check_output_attentions(output_attentions)
         cache = _pick_cache(cache, past_key_values)
         use_cache = self.config.use_cache if use_cache is None else use_cache
@@ -385,19 +433,31 @@ class VanillaTransformerDecoder(_Stack):
         cross_mask = create_bidirectional_mask(
             self.config, queries, encoder_attention_mask, encoder_hidden_states=encoder_hidden_states
         )
+        if token_mask is None and attention_mask is not None and attention_mask.shape[-1] == hidden_states.shape[1]:
+            token_mask = attention_mask
+        if token_mask is not None and tuple(token_mask.shape) != tuple(hidden_states.shape[:2]):
+            raise ValueError(f"`token_mask` has shape {tuple(token_mask.shape)}, but the decoder inputs have shape "
+                             f"{tuple(hidden_states.shape[:2])}.")
+        padding = Padding(token_mask, enabled=self.config.skip_padding)
+        hidden_states = padding.pack(hidden_states)
+        # Once cached, the source's keys and values are not recomputed: packing it again would be wasted work.
+        source_padding = Padding(encoder_attention_mask if past_length == 0 else None, enabled=self.config.skip_padding)
+        if encoder_hidden_states is not None:
+            encoder_hidden_states = source_padding.pack(encoder_hidden_states)
         all_hidden_states, all_self_attentions, all_cross_attentions = (), (), ()
         for layer in self.layers:
             all_hidden_states += (hidden_states,)
             hidden_states, self_weights, cross_weights = layer(
-                hidden_states, causal_mask, encoder_hidden_states, cross_mask, cache=cache
+                hidden_states, causal_mask, encoder_hidden_states, cross_mask, cache, padding, source_padding
             )
             all_self_attentions += (self_weights,)
             all_cross_attentions += (cross_weights,)
         if self.layer_norm is not None:
             hidden_states = self.layer_norm(hidden_states)
+        hidden_states = padding.unpack(hidden_states)
         return BaseModelOutputWithPastAndCrossAttentions(
             last_hidden_state=hidden_states,
-            hidden_states=all_hidden_states + (hidden_states,) if output_hidden_states else None,
+            hidden_states=(*map(padding.unpack, all_hidden_states), hidden_states) if output_hidden_states else None,
             attentions=all_self_attentions if output_attentions else None,
             cross_attentions=all_cross_attentions if output_attentions else None,
             **{CACHE_FIELD: cache},
@@ -426,7 +486,7 @@ class VanillaTransformerModel(VanillaTransformerPreTrainedModel):
     def forward(self, input_ids=None, attention_mask=None, decoder_input_ids=None, decoder_attention_mask=None,
                 encoder_outputs=None, past_key_values=None, inputs_embeds=None, decoder_inputs_embeds=None,
                 use_cache=None, output_attentions=None, output_hidden_states=None, cache=None,
-                **kwargs) -> Seq2SeqModelOutput:
+                decoder_token_mask=None, **kwargs) -> Seq2SeqModelOutput:
         if encoder_outputs is None:
             encoder_outputs = self.encoder(
                 input_ids=input_ids, attention_mask=attention_mask, inputs_embeds=inputs_embeds,
@@ -443,6 +503,7 @@ class VanillaTransformerModel(VanillaTransformerPreTrainedModel):
             encoder_hidden_states=encoder_outputs.last_hidden_state, encoder_attention_mask=attention_mask,
             inputs_embeds=decoder_inputs_embeds, use_cache=use_cache, output_attentions=output_attentions,
             output_hidden_states=output_hidden_states, cache=_pick_cache(cache, past_key_values),
+            token_mask=decoder_token_mask,
         )
         return Seq2SeqModelOutput(
             last_hidden_state=decoder_outputs.last_hidden_state,
@@ -488,20 +549,29 @@ class VanillaTransformerForConditionalGeneration(VanillaTransformerPreTrainedMod
                 encoder_outputs=None, past_key_values=None, inputs_embeds=None, decoder_inputs_embeds=None,
                 labels=None, use_cache=None, output_attentions=None, output_hidden_states=None,
                 num_items_in_batch=None, cache=None, **kwargs) -> Seq2SeqLMOutput:
+        token_mask = None
         if labels is not None:
             _check_token_ids(labels, "labels", self.config.vocab_size, allow=-100)
             use_cache = False
             if decoder_input_ids is None and decoder_inputs_embeds is None:
                 decoder_input_ids = self.prepare_decoder_input_ids_from_labels(labels)
+            decoder_inputs = decoder_input_ids if decoder_input_ids is not None else decoder_inputs_embeds
+            if labels.shape != decoder_inputs.shape[:2]:
+                raise ValueError(f"`labels` has shape {tuple(labels.shape)}, but the decoder inputs have shape "
+                                 f"{tuple(decoder_inputs.shape[:2])}.")
+            token_mask = _positions_feeding_the_loss(labels, decoder_attention_mask)
         outputs = self.model(
             input_ids=input_ids, attention_mask=attention_mask, decoder_input_ids=decoder_input_ids,
             decoder_attention_mask=decoder_attention_mask, encoder_outputs=encoder_outputs,
             inputs_embeds=inputs_embeds, decoder_inputs_embeds=decoder_inputs_embeds, use_cache=use_cache,
             output_attentions=output_attentions, output_hidden_states=output_hidden_states,
-            cache=_pick_cache(cache, past_key_values),
+            cache=_pick_cache(cache, past_key_values), decoder_token_mask=token_mask,
         )
-        logits = self.lm_head(outputs.last_hidden_state)
-        loss = None if labels is None else self.label_smoothed_loss(logits, labels, num_items_in_batch)
+        # The output projection, the widest layer, runs on the decoder's tokens only (see `Padding`).
+        padding = Padding(token_mask, enabled=self.config.skip_padding)
+        logits = self.lm_head(padding.pack(outputs.last_hidden_state))
+        loss = None if labels is None else self.label_smoothed_loss(logits, padding.pack(labels), num_items_in_batch)
+        logits = padding.unpack(logits)
         return Seq2SeqLMOutput(
             loss=loss,
             logits=logits,
@@ -520,10 +590,10 @@ class VanillaTransformerForConditionalGeneration(VanillaTransformerPreTrainedMod
         With `num_items_in_batch` (sent by Trainer) the sum is divided by the token count of the whole
         optimizer step, so gradient accumulation and data parallelism train exactly like one large batch.
         """
-        if labels.shape != logits.shape[:2]:
-            raise ValueError(f"`labels` has shape {tuple(labels.shape)}, but the decoder produced {tuple(logits.shape[:2])}.")
+        if labels.shape != logits.shape[:-1]:
+            raise ValueError(f"`labels` has shape {tuple(labels.shape)}, but the logits have shape {tuple(logits.shape)}.")
         loss = F.cross_entropy(
-            logits.float().flatten(0, 1), labels.flatten().to(logits.device), ignore_index=-100,
+            logits.float().reshape(-1, logits.shape[-1]), labels.flatten().to(logits.device), ignore_index=-100,
             reduction="mean" if num_items_in_batch is None else "sum", label_smoothing=self.config.label_smoothing,
         )
         return loss if num_items_in_batch is None else loss / num_items_in_batch
@@ -587,6 +657,17 @@ class VanillaTransformerForConditionalGeneration(VanillaTransformerPreTrainedMod
             length = (kwargs["max_length"] if longest else kwargs["cur_len"]) - kwargs["decoder_prompt_len"]
             kwargs["length_penalty"] = _gnmt_exponent(length, alpha)
         return super()._check_early_stop_heuristic(**kwargs)
+
+
+def _positions_feeding_the_loss(labels: torch.Tensor, decoder_attention_mask: torch.Tensor | None) -> torch.Tensor:
+    """The decoder positions a label-smoothed loss depends on: the decoder only looks back, so positions after a
+    row's last label (its padding, as collators pad labels with -100) feed nothing; nor does a masked-out input
+    without a label."""
+    labelled = labels != -100
+    needed = labelled.flip(1).cummax(1).values.flip(1)
+    if decoder_attention_mask is not None and decoder_attention_mask.shape == labels.shape:
+        needed &= decoder_attention_mask.bool() | labelled
+    return needed
 
 
 def _gnmt_exponent(length: int, alpha: float) -> float:
