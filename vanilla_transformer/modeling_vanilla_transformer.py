@@ -123,7 +123,7 @@ class Padding:
         if self.rows is None:
             return tokens
         grid = tokens.new_zeros(self.shape.numel(), *tokens.shape[1:])
-        return grid.index_copy(0, self.rows, tokens).unflatten(0, self.shape)
+        return grid.index_copy_(0, self.rows, tokens).unflatten(0, self.shape)  # in place: no second grid
 
 
 NO_PADDING = Padding()
