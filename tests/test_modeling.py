@@ -97,9 +97,15 @@ def test_padding_packs_tokens_and_unpacks_them_with_zeros_at_the_padding():
     tokens = padding.pack(grid)
     torch.testing.assert_close(tokens, grid[mask.bool()], atol=0, rtol=0)
     torch.testing.assert_close(padding.unpack(tokens), grid * mask[..., None], atol=0, rtol=0)
-    # Nothing to skip: no mask, no padding, switched off, or a 4-D mask prepared by generate().
-    for nothing in (Padding(None), Padding(torch.ones(2, 3)), Padding(mask, enabled=False), Padding(mask[None, None])):
-        assert nothing.pack(grid) is grid and nothing.unpack(grid) is grid
+    # Nothing to skip: no mask, no padding, switched off, a 4-D mask prepared by generate(), or too little padding
+    # to pay for the packing.
+    nearly_full = torch.ones(4, 10)
+    nearly_full[0, -1:] = 0
+    for nothing in (Padding(None), Padding(torch.ones(2, 3)), Padding(mask, enabled=False), Padding(mask[None, None]),
+                    Padding(nearly_full)):
+        assert nothing.rows is None and nothing.pack(grid) is grid and nothing.unpack(grid) is grid
+    nearly_full[1, -2:] = 0
+    assert Padding(nearly_full).rows.numel() == 37  # 3 of 40 (7.5%) is enough, 1 of 40 (2.5%) was not
 
 
 def _loss_outputs_and_gradients(model, **batch):

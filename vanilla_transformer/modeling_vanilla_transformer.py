@@ -106,11 +106,16 @@ class Padding:
     packing and unpacking change nothing.
     """
 
+    # Packing and unpacking cost a small preset's training step about as much as computing 3-4% more positions
+    # (measured: 3.8% slower with 1.4% padding, 3.6% faster with 6.7%), so batches padded less are left whole.
+    min_padding = 0.05
+
     def __init__(self, token_mask: torch.Tensor | None = None, enabled: bool = True):
         self.shape, self.rows = None, None
         if not enabled or token_mask is None or token_mask.dim() != 2 or torch.compiler.is_compiling():
             return
-        if not token_mask.bool().all():
+        token_mask = token_mask.bool()
+        if token_mask.sum() <= (1 - self.min_padding) * token_mask.numel():
             self.shape = token_mask.shape
             self.rows = token_mask.flatten().nonzero().squeeze(1)
 
