@@ -53,6 +53,8 @@ def test_generation_settings_stay_out_of_the_model_config():
         ("pad_token_id", 40000, ValueError),
         ("eos_token_id", -1, ValueError),
         ("layer_norm_eps", 0, ValueError),
+        ("skip_padding", "False", TypeError),  # a string would read as true
+        ("normalize_before", 1, TypeError),
     ],
 )
 def test_invalid_values_are_refused_with_field_and_value(field, value, error):

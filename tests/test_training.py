@@ -88,6 +88,13 @@ def test_bad_config_overrides_are_named(tmp_path):
         run(*parsed)
 
 
+def test_config_overrides_read_json_and_pythons_constants():
+    from vanilla_transformer.training import _parse_overrides
+
+    assert _parse_overrides("dropout=0.3,skip_padding=False,normalize_before=true,activation_function=gelu") == {
+        "dropout": 0.3, "skip_padding": False, "normalize_before": True, "activation_function": "gelu"}
+
+
 def test_split_files_must_come_in_pairs(tmp_path):
     source = tmp_path / "train.en"
     source.write_text("a house\n")

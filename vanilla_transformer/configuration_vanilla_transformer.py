@@ -91,6 +91,9 @@ class VanillaTransformerConfig(PreTrainedConfig):
                 raise TypeError(f"`{name}` must be an int, got {value!r} ({type(value).__name__}).")
             if value <= 0:
                 raise ValueError(f"`{name}` must be positive, got {value}.")
+        for name in ["normalize_before", "scale_embedding", "skip_padding"]:
+            if not isinstance(getattr(self, name), bool):  # the string "False" would silently read as true
+                raise TypeError(f"`{name}` must be True or False, got {getattr(self, name)!r}.")
         for heads in ["encoder_attention_heads", "decoder_attention_heads"]:
             if self.d_model % getattr(self, heads):
                 raise ValueError(

@@ -185,8 +185,10 @@ def _parse_overrides(text: str | None) -> dict:
         name, sep, value = item.partition("=")
         if not sep:
             raise ValueError(f"--config_overrides takes field=value pairs, got {item!r}.")
+        # JSON values (0.3, true, null), plus Python's spelling of the constants, which users type as often.
+        python_constants = {"True": True, "False": False, "None": None}
         try:
-            overrides[name.strip()] = json.loads(value)
+            overrides[name.strip()] = python_constants[value] if value in python_constants else json.loads(value)
         except json.JSONDecodeError:
             overrides[name.strip()] = value
     return overrides
