@@ -42,7 +42,7 @@ GPU_SETTINGS = dict(
     target_length=64, warmup_steps=3, timed_steps=10, matmul_size=8192, matmul_repeats=10,
     beam_preset="base", beam_batch=64, beam_source_length=32, beam_new_tokens=32, beam_repeats=3,
     peers=dict(preset="base", vocab_size=37000, train_batch=64, length=32, decode_batch=64, new_tokens=30,
-               curve=(10, 30, 100), repeats=3),
+               curve=(10, 30, 100), repeats=5),
     run=dict(preset="small", vocab_size=4000, max_steps=200, batch=128, warmup=100, train_samples=20000,
              eval_samples=100, logging_steps=10, timeout_s=300, workers=2),
 )
@@ -339,13 +339,21 @@ def speed_vs_peers(device, s) -> dict:
             sync(device)
         return run
 
-    def medians_ms(tasks, repeats, warmup=1):
+    def medians_ms(tasks, repeats, warmup=2):
         times = benchmarking.time_interleaved({name: synced(fn) for name, fn in tasks.items()}, repeats, warmup)
         return {name: statistics.median(values) * 1e3 for name, values in times.items()}
 
     batch = {k: v.to(device) for k, v in benchmarking.training_batch(spec, config).items()}
-    train = medians_ms({name: benchmarking.make_train_step(model, batch) for name, model in models.items()},
-                       p["repeats"])
+    steps = {name: benchmarking.make_train_step(model, batch) for name, model in models.items()}
+
+    def ours_computing_padding():
+        config.skip_padding = False
+        try:
+            steps["ours"]()
+        finally:
+            config.skip_padding = True
+
+    train = medians_ms({**steps, "ours, padding computed": ours_computing_padding}, p["repeats"])
     result = {"preset": p["preset"], "vocab_size": p["vocab_size"], "targets": benchmarking.TARGETS,
               "train_ms": train, "train_speed_vs_marian": train["marian"] / train["ours"]}
     source = {k: v.to(device) for k, v in benchmarking.source_batch(spec, config, p["decode_batch"]).items()}
@@ -365,6 +373,18 @@ def speed_vs_peers(device, s) -> dict:
         result[f"{workload}_speed_vs_textbook"] = ms["textbook"] / ms["ours"]
         # Same weights: the textbook decoder's tokens should be ours (GPU reductions may flip a near-tie).
         result[f"{workload}_textbook_equals_ours"] = torch.equal(outputs["textbook", beams], outputs["ours", beams])
+    # A static cache: generate() then compiles each model's decoding step (CUDA graphs on a GPU).
+    static = {}
+    for name in ("ours", "marian"):
+        def decode_static(name=name):
+            static[name] = benchmarking.generate_fixed_length(models[name], **source, new_tokens=p["new_tokens"],
+                                                              cache_implementation="static")
+        static[name + " task"] = decode_static
+    ms = medians_ms({name: static.pop(name + " task") for name in ("ours", "marian")}, p["repeats"], warmup=2)
+    result["greedy_static_cache_ms"] = ms
+    result["greedy_static_cache_speed_vs_marian"] = ms["marian"] / ms["ours"]
+    result["greedy_static_cache_speed_vs_textbook"] = result["greedy_ms"]["textbook"] / ms["ours"]
+    result["greedy_static_cache_equals_dynamic"] = torch.equal(static["ours"], outputs["ours", 1])
     curve = []
     for length in p["curve"]:
         ms = medians_ms({
@@ -479,6 +499,17 @@ def render_markdown(report: dict) -> str:
             lines.append(f"| {workload} | {ms['ours']:.1f} | {ms['marian']:.1f} | {ms['textbook']:.1f} "
                          f"| {peers[f'{workload}_speed_vs_marian']:.2f}x | ≥ {t[f'{workload}_speed_vs_marian']}x "
                          f"| {peers[f'{workload}_speed_vs_textbook']:.2f}x |")
+        if "greedy_static_cache_ms" in peers:
+            ms = peers["greedy_static_cache_ms"]
+            lines.append(f"| greedy, static cache (compiled) | {ms['ours']:.1f} | {ms['marian']:.1f} | – "
+                         f"| {peers['greedy_static_cache_speed_vs_marian']:.2f}x | – "
+                         f"| {peers['greedy_static_cache_speed_vs_textbook']:.2f}x |")
+        if "ours, padding computed" in peers["train_ms"]:
+            lines += ["", f"Training step of ours computing the padding (`skip_padding=False`): "
+                      f"{peers['train_ms']['ours, padding computed']:.1f} ms."]
+        if "greedy_static_cache_equals_dynamic" in peers:
+            lines.append(f"Static-cache tokens equal the dynamic cache's: "
+                         f"{_fmt(peers['greedy_static_cache_equals_dynamic'])}.")
         lines += ["", "Beam 4 vs the textbook decoder: " + ", ".join(
             f"{c['new_tokens']} tokens {c['speedup']:.1f}x" for c in peers["beam_vs_textbook"])
             + f" (target ≥ {t['beam_speed_vs_textbook_at_30']}x at 30). Textbook tokens equal ours: greedy "

@@ -210,22 +210,25 @@ def make_train_step(model: torch.nn.Module, batch: dict, lr: float = 1e-4) -> Ca
     return step
 
 
-def fixed_length_generation_config(model: torch.nn.Module, new_tokens: int, num_beams: int) -> GenerationConfig:
+def fixed_length_generation_config(model: torch.nn.Module, new_tokens: int, num_beams: int,
+                                   **options) -> GenerationConfig:
     """Exactly `new_tokens` tokens: eos is suppressed until the budget is spent, so all systems do equal work.
-    Beam search uses the paper's length penalty 0.6 (§6.1); at a fixed length it cannot change the ranking."""
+    Beam search uses the paper's length penalty 0.6 (§6.1); at a fixed length it cannot change the ranking.
+    `options` go to the GenerationConfig as well (e.g. `cache_implementation="static"`, `compile_config`)."""
     config = model.config
     # Greedy states the global default so that our model's beam-search length penalty is not merged in.
     extra = dict(length_penalty=0.6, early_stopping=False) if num_beams > 1 else dict(length_penalty=1.0)
     return GenerationConfig(
         num_beams=num_beams, do_sample=False, min_new_tokens=new_tokens, max_new_tokens=new_tokens, use_cache=True,
         decoder_start_token_id=config.decoder_start_token_id, bos_token_id=config.bos_token_id,
-        eos_token_id=config.eos_token_id, pad_token_id=config.pad_token_id, **extra,
+        eos_token_id=config.eos_token_id, pad_token_id=config.pad_token_id, **extra, **options,
     )
 
 
-def generate_fixed_length(model, input_ids, attention_mask, new_tokens: int, num_beams: int = 1) -> torch.Tensor:
+def generate_fixed_length(model, input_ids, attention_mask, new_tokens: int, num_beams: int = 1,
+                          **options) -> torch.Tensor:
     model.eval()
-    config = fixed_length_generation_config(model, new_tokens, num_beams)
+    config = fixed_length_generation_config(model, new_tokens, num_beams, **options)
     return model.generate(input_ids=input_ids, attention_mask=attention_mask, generation_config=config)
 
 

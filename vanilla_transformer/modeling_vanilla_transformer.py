@@ -114,10 +114,9 @@ class Padding:
         self.shape, self.rows = None, None
         if not enabled or token_mask is None or token_mask.dim() != 2 or torch.compiler.is_compiling():
             return
-        token_mask = token_mask.bool()
-        if token_mask.sum() <= (1 - self.min_padding) * token_mask.numel():
-            self.shape = token_mask.shape
-            self.rows = token_mask.flatten().nonzero().squeeze(1)
+        rows = token_mask.bool().flatten().nonzero().squeeze(1)  # on a GPU, the one read back to the host
+        if rows.numel() <= (1 - self.min_padding) * token_mask.numel():
+            self.shape, self.rows = token_mask.shape, rows
 
     def pack(self, grid: torch.Tensor) -> torch.Tensor:
         """(batch, length, ...) -> (tokens, ...)"""
@@ -438,7 +437,8 @@ class VanillaTransformerDecoder(_Stack):
         cross_mask = create_bidirectional_mask(
             self.config, queries, encoder_attention_mask, encoder_hidden_states=encoder_hidden_states
         )
-        if token_mask is None and attention_mask is not None and attention_mask.shape[-1] == hidden_states.shape[1]:
+        if token_mask is None and attention_mask is not None and attention_mask.dim() == 2 \
+                and attention_mask.shape[-1] == hidden_states.shape[1]:
             token_mask = attention_mask
         if token_mask is not None and tuple(token_mask.shape) != tuple(hidden_states.shape[:2]):
             raise ValueError(f"`token_mask` has shape {tuple(token_mask.shape)}, but the decoder inputs have shape "
@@ -446,7 +446,8 @@ class VanillaTransformerDecoder(_Stack):
         padding = Padding(token_mask, enabled=self.config.skip_padding)
         hidden_states = padding.pack(hidden_states)
         # Once cached, the source's keys and values are not recomputed: packing it again would be wasted work.
-        source_padding = Padding(encoder_attention_mask if past_length == 0 else None, enabled=self.config.skip_padding)
+        source_cached = isinstance(cache, EncoderDecoderCache) and cache.is_updated.get(0, False)
+        source_padding = Padding(None if source_cached else encoder_attention_mask, enabled=self.config.skip_padding)
         if encoder_hidden_states is not None:
             encoder_hidden_states = source_padding.pack(encoder_hidden_states)
         all_hidden_states, all_self_attentions, all_cross_attentions = (), (), ()
