@@ -316,6 +316,52 @@ def beam_throughput(device, s) -> dict:
             "output_shape": list(output["ids"].shape), "peak_memory_gib": peak_gib(device)}
 
 
+def train_vs_marian_bf16(device, s) -> dict:
+    """Ours vs MarianMTModel of the same shape at a training batch of real size (the bf16 section's), trained the
+    way Trainer --bf16 does: autocast, fp32 weights, fused AdamW. Interleaved; also ours computing its padding."""
+    import torch
+
+    from vanilla_transformer import benchmarking
+
+    spec = benchmarking.BenchmarkSpec(
+        preset=s["attention_preset"], vocab_size=s["vocab_size"], batch_size=s["train_batch"],
+        source_length=s["source_length"], target_length=s["target_length"], threads=torch.get_num_threads())
+    models = {name: model.to(device).train() for name, model in benchmarking.build_models(spec).items()}
+    config = models["ours"].config
+    batch = {k: v.to(device) for k, v in benchmarking.training_batch(spec, config).items()}
+
+    def train_step(model):
+        optimizer = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=1e-4,
+                                      fused=device.type == "cuda")
+
+        def step():
+            optimizer.zero_grad(set_to_none=True)
+            with torch.autocast(device.type, dtype=torch.bfloat16):
+                loss = model(**batch).loss
+            loss.backward()
+            optimizer.step()
+            sync(device)
+        return step
+
+    steps = {name: train_step(model) for name, model in models.items()}
+
+    def ours_computing_padding():
+        config.skip_padding = False
+        try:
+            steps["ours"]()
+        finally:
+            config.skip_padding = True
+
+    times = benchmarking.time_interleaved({**steps, "ours, padding computed": ours_computing_padding},
+                                          s["timed_steps"], s["warmup_steps"])
+    ms = {name: statistics.median(values) * 1e3 for name, values in times.items()}
+    del models, steps
+    return {"preset": spec.preset, "batch": spec.batch_size, "source_width": batch["input_ids"].shape[1],
+            "target_width": batch["labels"].shape[1], "tokens": benchmarking.token_counts(batch), "step_ms": ms,
+            "speed_vs_marian": ms["marian"] / ms["ours"],
+            "speed_vs_marian_padding_computed": ms["marian"] / ms["ours, padding computed"]}
+
+
 def speed_vs_peers(device, s) -> dict:
     """scripts/benchmark.py's comparisons on this device, fp32 and interleaved as there: ours vs MarianMTModel of
     the same shape (training step, greedy and beam-4 decoding of a fixed length), and beam 4 against the
@@ -485,6 +531,15 @@ def render_markdown(report: dict) -> str:
                   "| --- | --- | --- | --- | --- | --- | --- | --- |",
                   f"| {beam['preset']} | {beam['batch']} | {beam['num_beams']} | {beam['new_tokens']} | {beam['seconds']:.3f} "
                   f"| {beam['tokens_per_s']:,.0f} | {beam['sentences_per_s']:,.1f} | {_fmt(beam['peak_memory_gib'])} |", ""]
+    versus = report["sections"].get("train_vs_marian_bf16", {}).get("result")
+    if versus:
+        ms = versus["step_ms"]
+        lines += [f"## Training step vs MarianMTModel, bf16 autocast, fused AdamW ({versus['preset']}, batch "
+                  f"{versus['batch']}, {versus['source_width']}×{versus['target_width']})", "",
+                  "| ours ms | ours ms, padding computed | Marian ms | ours/Marian | ours/Marian, padding computed |",
+                  "| --- | --- | --- | --- | --- |",
+                  f"| {ms['ours']:.1f} | {ms['ours, padding computed']:.1f} | {ms['marian']:.1f} "
+                  f"| {versus['speed_vs_marian']:.2f}x | {versus['speed_vs_marian_padding_computed']:.2f}x |", ""]
     peers = report["sections"].get("speed_vs_peers", {}).get("result")
     if peers:
         t = peers["targets"]
@@ -597,6 +652,7 @@ def main(argv=None) -> int:
             report["sections"][f"train_step_{preset}"]["ok"] = False
             report["sections"][f"train_step_{preset}"]["error"] = "non-finite loss"
     section("beam_search", beam_throughput, device, settings)
+    section("train_vs_marian_bf16", train_vs_marian_bf16, device, settings)
     section("speed_vs_peers", speed_vs_peers, device, settings)
     run = section("training_run", training_run, device, settings, args.cpu_smoke)
     if run is not None and not run["loss_falls"]:
