@@ -54,6 +54,7 @@ def test_generation_settings_stay_out_of_the_model_config():
         ("eos_token_id", -1, ValueError),
         ("layer_norm_eps", 0, ValueError),
         ("skip_padding", "False", TypeError),  # a string would read as true
+        ("skip_padding", "auto", TypeError),  # None is the automatic choice
         ("normalize_before", 1, TypeError),
     ],
 )

@@ -10,6 +10,7 @@ from transformers import (
     AutoConfig,
     AutoModel,
     AutoModelForSeq2SeqLM,
+    CompileConfig,
     DataCollatorForSeq2Seq,
     GenerationConfig,
     Trainer,
@@ -106,6 +107,10 @@ def test_padding_packs_tokens_and_unpacks_them_with_zeros_at_the_padding():
         assert nothing.rows is None and nothing.pack(grid) is grid and nothing.unpack(grid) is grid
     nearly_full[1, -2:] = 0
     assert Padding(nearly_full).rows.numel() == 37  # 3 of 40 (7.5%) is enough, 1 of 40 (2.5%) was not
+    # The default (config.skip_padding=None) packs on the CPU only: elsewhere packing was measured not to pay.
+    assert Padding(mask, enabled=None).rows is not None
+    assert Padding(mask.to("meta"), enabled=None).rows is None
+    assert VanillaTransformerConfig().skip_padding is None
 
 
 def _loss_outputs_and_gradients(model, **batch):
@@ -324,6 +329,32 @@ def test_static_cache_generates_like_the_dynamic_one():
     static = model.generate(input_ids=input_ids, attention_mask=attention_mask, max_new_tokens=10, num_beams=3,
                             cache_implementation="static")
     torch.testing.assert_close(static, dynamic, atol=0, rtol=0)
+
+
+def test_static_cache_decoding_compiles_as_one_graph_and_generates_like_the_dynamic_cache():
+    # generate() compiles the decoding step when the cache is static (on a GPU by default, here by request);
+    # fullgraph=True fails on any graph break, e.g. a branch on the cache's length, which is a tensor there.
+    model = tiny_model()
+    input_ids, attention_mask, _ = random_batch()
+    dynamic = model.generate(input_ids=input_ids, attention_mask=attention_mask, max_new_tokens=10, num_beams=1)
+    compile_config = CompileConfig(backend="eager", fullgraph=True, mode=None)
+    compile_config._compile_all_devices = True  # transformers compiles on accelerators only unless told
+    torch._dynamo.reset()
+    compiled = model.generate(input_ids=input_ids, attention_mask=attention_mask, max_new_tokens=10, num_beams=1,
+                              cache_implementation="static", compile_config=compile_config)
+    torch.testing.assert_close(compiled, dynamic, atol=0, rtol=0)
+    assert torch._dynamo.utils.counters["stats"]["unique_graphs"] >= 1  # it did compile
+
+
+def test_a_4d_decoder_mask_is_used_as_the_attention_mask_it_is():
+    model = tiny_model()
+    input_ids, attention_mask, labels = random_batch()
+    decoder_input_ids = model.prepare_decoder_input_ids_from_labels(labels)
+    length = decoder_input_ids.shape[1]
+    causal = torch.ones(length, length, dtype=torch.bool).tril().expand(3, 1, length, length)
+    expected = logits(model, input_ids, attention_mask, decoder_input_ids)
+    given = logits(model, input_ids, attention_mask, decoder_input_ids, decoder_attention_mask=causal)
+    torch.testing.assert_close(given, expected, atol=ATOL, rtol=0)
 
 
 def test_generation_defaults_are_the_papers():

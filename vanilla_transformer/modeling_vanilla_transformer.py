@@ -104,15 +104,21 @@ class Padding:
     at padded positions come back as zeros. Without a 2-D mask, with no padding, when disabled
     (`config.skip_padding=False`) or inside torch.compile (a token count read from data breaks a graph),
     packing and unpacking change nothing.
+
+    `enabled=None` packs on the CPU only. On a GPU the saved arithmetic is cheap, while every packing adds kernel
+    launches and reads a token count back to the host: measured on an H200, a base model's training step was
+    as fast either way at 384 x 64 in bf16 and 15% slower with packing at 64 x 32 in fp32.
     """
 
     # Packing and unpacking cost a small preset's training step about as much as computing 3-4% more positions
     # (measured: 3.8% slower with 1.4% padding, 3.6% faster with 6.7%), so batches padded less are left whole.
     min_padding = 0.05
 
-    def __init__(self, token_mask: torch.Tensor | None = None, enabled: bool = True):
+    def __init__(self, token_mask: torch.Tensor | None = None, enabled: bool | None = True):
         self.shape, self.rows = None, None
-        if not enabled or token_mask is None or token_mask.dim() != 2 or torch.compiler.is_compiling():
+        if token_mask is None or token_mask.dim() != 2 or torch.compiler.is_compiling():
+            return
+        if not (token_mask.device.type == "cpu" if enabled is None else enabled):
             return
         rows = token_mask.bool().flatten().nonzero().squeeze(1)  # on a GPU, the one read back to the host
         if rows.numel() <= (1 - self.min_padding) * token_mask.numel():
