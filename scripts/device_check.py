@@ -80,6 +80,21 @@ def peak_gib(device):
     return torch.cuda.max_memory_allocated(device) / GIB if device.type == "cuda" else None
 
 
+def interleaved_ms(tasks: dict, device, repeats: int, warmup: int = 2) -> dict[str, float]:
+    """Median milliseconds per call of each task, the systems taking turns (benchmark.py's `time_interleaved`),
+    each call waited for on the device."""
+    from vanilla_transformer.benchmarking import time_interleaved
+
+    def synced(fn):
+        def run():
+            fn()
+            sync(device)
+        return run
+
+    times = time_interleaved({name: synced(fn) for name, fn in tasks.items()}, repeats, warmup)
+    return {name: statistics.median(values) * 1e3 for name, values in times.items()}
+
+
 def timed(fn, device, repeats: int, warmup: int) -> list[float]:
     for _ in range(warmup):
         fn()
@@ -269,7 +284,7 @@ def train_step_throughput(device, preset, s, peak_tflops) -> dict:
     """bf16 autocast training step (fp32 weights, fused AdamW, paper dropout): tokens/s, MFU, peak memory."""
     import torch
 
-    from vanilla_transformer.benchmarking import time_interleaved, token_counts, training_flops
+    from vanilla_transformer.benchmarking import token_counts, training_flops
 
     reset_peak(device)
     model = build_model(preset, s["vocab_size"], device).train()
@@ -291,11 +306,8 @@ def train_step_throughput(device, preset, s, peak_tflops) -> dict:
     step_s = statistics.median(times)
     # The default against the other padding choice (see `Padding`), interleaved.
     value, label = padding_alternative(device)
-    pair = {name: lambda fn=fn: (fn(), sync(device)) for name, fn in
-            {"default": step, label: with_skip_padding(model.config, value, step)}.items()}
-    pair_ms = {name: statistics.median(t) * 1e3 for name, t in
-               time_interleaved(
-                   pair, s["timed_steps"], warmup=1).items()}
+    pair_ms = interleaved_ms({"default": step, label: with_skip_padding(model.config, value, step)}, device,
+                             s["timed_steps"], warmup=1)
     source_tokens = int(batch["attention_mask"].sum())
     target_tokens = int((batch["labels"] != -100).sum())
     source_width, target_width = batch["input_ids"].shape[1], batch["labels"].shape[1]
@@ -360,15 +372,13 @@ def train_vs_marian_bf16(device, s) -> dict:
                 loss = model(**batch).loss
             loss.backward()
             optimizer.step()
-            sync(device)
         return step
 
     steps = {name: train_step(model) for name, model in models.items()}
 
     value, label = padding_alternative(device)
-    times = benchmarking.time_interleaved({**steps, label: with_skip_padding(config, value, steps["ours"])},
-                                          s["timed_steps"], s["warmup_steps"])
-    ms = {name: statistics.median(values) * 1e3 for name, values in times.items()}
+    ms = interleaved_ms({**steps, label: with_skip_padding(config, value, steps["ours"])}, device,
+                        s["timed_steps"], s["warmup_steps"])
     del models, steps
     return {"preset": spec.preset, "batch": spec.batch_size, "source_width": batch["input_ids"].shape[1],
             "target_width": batch["labels"].shape[1], "tokens": benchmarking.token_counts(batch), "step_ms": ms,
@@ -393,15 +403,8 @@ def speed_vs_peers(device, s) -> dict:
     config = models["ours"].config
     textbook = benchmarking.TextbookDecoder(models["ours"])
 
-    def synced(fn):
-        def run():
-            fn()
-            sync(device)
-        return run
-
     def medians_ms(tasks, repeats, warmup=2):
-        times = benchmarking.time_interleaved({name: synced(fn) for name, fn in tasks.items()}, repeats, warmup)
-        return {name: statistics.median(values) * 1e3 for name, values in times.items()}
+        return interleaved_ms(tasks, device, repeats, warmup)
 
     batch = {k: v.to(device) for k, v in benchmarking.training_batch(spec, config).items()}
     steps = {name: benchmarking.make_train_step(model, batch) for name, model in models.items()}
