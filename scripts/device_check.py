@@ -8,12 +8,13 @@ On a CUDA machine it measures, in a few minutes and installing nothing:
    beams reading one copy of their source against copied sources (must agree to rounding);
 2. the bf16 training step (autocast, fp32 master weights, fused AdamW: what Trainer --bf16 does) of the
    paper's base and big models: tokens/s, model TFLOP/s and model-FLOPs utilisation against a bf16 matmul
-   peak measured on the same card, peak memory;
+   peak measured on the same card, peak memory, and the default against the other `skip_padding` choice;
 3. beam search (beam 4, bf16 weights, fixed output length): tokens/s and peak memory;
-4. the performance comparisons of scripts/benchmark.py on this device (fp32, interleaved): ours vs
-   MarianMTModel of the same shape (training step, greedy and beam-4 decoding) and beam-4 vs the textbook
-   no-cache decoder at growing output lengths;
-5. a short bf16 training run of scripts/train.py on the built-in task (small model) whose loss must fall.
+4. the same bf16 training step, ours vs MarianMTModel of the same shape, interleaved;
+5. the performance comparisons of scripts/benchmark.py on this device (fp32, interleaved): ours vs
+   MarianMTModel of the same shape (training step, greedy and beam-4 decoding, greedy with a static cache,
+   which generate() compiles) and beam-4 vs the textbook no-cache decoder at growing output lengths;
+6. a short bf16 training run of scripts/train.py on the built-in task (small model) whose loss must fall.
 
 It writes device_check.json and device_check.md to $OUT if set, else device_check_out/ (or --out).
 Without CUDA it prints why and exits 0. `--cpu-smoke` runs the same code on the CPU with tiny sizes (< 60 s),
