@@ -116,8 +116,10 @@ GROUPED_TOLERANCE_BF16 = 0.05
 
 
 def padding_alternative(device) -> tuple[bool, str]:
-    """The `skip_padding` value that the default (None: skip on the CPU only) does not pick here, and its label."""
-    value = device.type != "cpu"
+    """The `skip_padding` value that the default (None) does not pick on this device, and its label."""
+    from vanilla_transformer.modeling_vanilla_transformer import Padding
+
+    value = not Padding.applies(None, device)
     return value, f"ours, skip_padding={value}"
 
 

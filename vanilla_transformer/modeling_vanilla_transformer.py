@@ -117,13 +117,18 @@ class Padding:
 
     def __init__(self, token_mask: torch.Tensor | None = None, enabled: bool | None = True):
         self.shape, self.rows = None, None
-        if token_mask is None or token_mask.dim() != 2 or torch.compiler.is_compiling():
-            return
-        if not (token_mask.device.type == "cpu" if enabled is None else enabled):
+        if token_mask is None or token_mask.dim() != 2 or not self.applies(enabled, token_mask.device):
             return
         rows = token_mask.bool().flatten().nonzero().squeeze(1)  # on a GPU, the one read back to the host
         if rows.numel() <= (1 - self.min_padding) * token_mask.numel():
             self.shape, self.rows = token_mask.shape, rows
+
+    @staticmethod
+    def applies(enabled: bool | None, device: torch.device) -> bool:
+        """Whether `config.skip_padding` (`enabled`) packs on `device`."""
+        if torch.compiler.is_compiling():
+            return False
+        return device.type == "cpu" if enabled is None else enabled
 
     def pack(self, grid: torch.Tensor) -> torch.Tensor:
         """(batch, length, ...) -> (tokens, ...)"""
@@ -572,7 +577,8 @@ class VanillaTransformerForConditionalGeneration(VanillaTransformerPreTrainedMod
             if labels.shape != decoder_inputs.shape[:2]:
                 raise ValueError(f"`labels` has shape {tuple(labels.shape)}, but the decoder inputs have shape "
                                  f"{tuple(decoder_inputs.shape[:2])}.")
-            token_mask = _positions_feeding_the_loss(labels, decoder_attention_mask)
+            if Padding.applies(self.config.skip_padding, labels.device):
+                token_mask = _positions_feeding_the_loss(labels, decoder_attention_mask)
         outputs = self.model(
             input_ids=input_ids, attention_mask=attention_mask, decoder_input_ids=decoder_input_ids,
             decoder_attention_mask=decoder_attention_mask, encoder_outputs=encoder_outputs,
