@@ -10,6 +10,7 @@ import torch
 from torch.utils.flop_counter import FlopCounterMode
 
 from vanilla_transformer.benchmarking import (
+    AttentionFloor,
     BenchmarkSpec,
     ProjectionFloor,
     TextbookDecoder,
@@ -121,6 +122,47 @@ def test_decoding_flops_agree_with_torchs_flop_counter(spec, models, num_beams):
     assert decoding_flops(*shape, cached=False) > decoding_flops(*shape) > decoding_flops(*shape, source_tokens=1)
 
 
+@pytest.mark.parametrize("num_beams", [1, 4])
+def test_attention_floor_replays_exactly_the_attention_of_a_decoding_run(spec, models, monkeypatch, num_beams):
+    ours, new_tokens = models["ours"], 5
+    config = ours.config
+    source = source_batch(spec, config, batch=3)
+    expected = generate_fixed_length(ours, **source, new_tokens=new_tokens, num_beams=num_beams)
+    outputs = []
+    floor = AttentionFloor(ours, lambda: outputs.append(generate_fixed_length(ours, **source, new_tokens=new_tokens,
+                                                                             num_beams=num_beams)))
+    assert torch.equal(outputs[0], expected)
+    # Recording left nothing behind: SDPA is torch's again, and the cache reorders through the class's method.
+    assert torch.nn.functional.scaled_dot_product_attention is torch._C._nn.scaled_dot_product_attention
+    assert "_reorder_cache" not in vars(ours)
+
+    source_length, rows, heads = source["input_ids"].shape[1], 3 * num_beams, config.decoder_attention_heads
+    head_dim = config.d_model // heads
+    encoder = [((3, heads, source_length, head_dim),) * 3] * config.encoder_layers
+    steps = [[((rows, heads, 1, head_dim), (rows, heads, t, head_dim), (rows, heads, t, head_dim)),  # self
+              ((3, heads, num_beams, head_dim), (3, heads, source_length, head_dim),  # cross: one source per sentence
+               (3, heads, source_length, head_dim))] * config.decoder_layers for t in range(1, new_tokens + 1)]
+    assert [tuple(map(tuple, call[:3])) for call in floor.calls] == encoder + [c for step in steps for c in step]
+    # Source padding stays masked in the encoder and in cross-attention.
+    assert (source["attention_mask"] == 0).any()
+    cross = floor.calls[config.encoder_layers + 1::2]
+    assert all(call[3] is not None for call in floor.calls[:config.encoder_layers] + cross)
+    # Beam search reorders every layer's self-attention cache after each step.
+    reorders = [[(rows, heads, t, head_dim)] * config.decoder_layers for t in range(1, new_tokens + 1)]
+    assert [list(map(tuple, r)) for r in floor.reorders] == (reorders if num_beams > 1 else [])
+
+    replayed = {"sdpa": 0}
+    sdpa = torch.nn.functional.scaled_dot_product_attention
+
+    def counting_sdpa(*args, **kwargs):
+        replayed["sdpa"] += 1
+        return sdpa(*args, **kwargs)
+
+    monkeypatch.setattr(torch.nn.functional, "scaled_dot_product_attention", counting_sdpa)
+    floor()
+    assert replayed["sdpa"] == len(floor.calls) == config.encoder_layers + 2 * config.decoder_layers * new_tokens
+
+
 def test_generation_split_times_the_model_inside_generate_and_leaves_it_untouched(spec, models):
     ours = models["ours"]
     source = source_batch(spec, ours.config, batch=2)
@@ -161,6 +203,7 @@ def test_quick_benchmark_compares_like_with_like_and_writes_reports(spec, tmp_pa
     assert results["targets"]["train_speed_vs_marian"]["ceiling"] == results["train"]["ceiling_vs_marian"] > 0
     for workload in ("greedy", "beam"):  # the floor is timed with the systems, and bounds what they can gain
         assert len(results[workload]["projection_floor"]["times_s"]) == spec.repeats
+        assert len(results[workload]["attention_floor"]["times_s"]) == spec.repeats
         assert results[workload]["ceiling_vs_marian"] > 0
     assert all(p["flop_ratio"] > 1 and p["ceiling"] > 0 for p in results["beam_curve"]["points"])
     for workload in ("greedy", "beam"):  # generate()'s own loop tightens the ceiling

@@ -18,10 +18,11 @@ peak measured in the same run, and beam search's speedup over the textbook decod
 
 Each speed goal comes with its ceiling on the machine at hand, measured in the same run: `ProjectionFloor`
 times the cached decoding's matmuls alone (what any cached decoder of this shape must compute), so a peer's
-time over it bounds what any implementation could gain over that peer. Through `generate()` the bound is tighter:
-`generation_split` measures the time transformers' generation loop spends outside the model (logits
-processing, token selection, beam bookkeeping), which any model decoding through it pays on top of its
-matmuls. `decoding_flops` counts what the cache saves in arithmetic.
+time over it bounds what any implementation could gain over that peer. `AttentionFloor` adds the attention
+kernels (and beam search's reordering of the cache), which no cached decoder skips either. Through `generate()`
+the bound is tighter still: `generation_split` measures the time transformers' generation loop spends outside
+the model (logits processing, token selection, beam bookkeeping), which any model decoding through it pays on
+top of its kernels. `decoding_flops` counts what the cache saves in arithmetic.
 """
 
 from __future__ import annotations
@@ -382,6 +383,55 @@ class ProjectionFloor:
                 layer(self.rows[layer.in_features])
 
 
+class AttentionFloor:
+    """The other kernels a cached decoder cannot do without: its attention, and in beam search the reordering
+    of its self-attention cache. One decoding run of `model` is recorded (`record` calls it): the shapes, mask
+    and scale of every scaled-dot-product-attention call, and the cache's shape at every reordering. Calling the
+    floor replays them on random tensors, back to back: the same attentions through the same SDPA kernel, and
+    each reordering as the `index_select` of every layer's keys and values that transformers' caches do.
+
+    Recorded on ours, whose attention shapes are the smaller ones (a sentence's beams query one copy of its
+    source), so added to the projection floor it still bounds from below any decoder running these kernels."""
+
+    def __init__(self, model: VanillaTransformerForConditionalGeneration, record: Callable[[], object]):
+        self.calls, self.reorders = [], []
+        sdpa = F.scaled_dot_product_attention
+
+        def recording_sdpa(query, key, value, attn_mask=None, **kwargs):
+            mask = None if attn_mask is None else attn_mask.clone()
+            self.calls.append((query.shape, key.shape, value.shape, mask, kwargs))
+            return sdpa(query, key, value, attn_mask=attn_mask, **kwargs)
+
+        reorder = model._reorder_cache
+
+        def recording_reorder(cache, beam_idx):
+            layers = getattr(cache, "self_attention_cache", cache).layers
+            self.reorders.append([layer.keys.shape for layer in layers if layer.keys.numel()])
+            return reorder(cache, beam_idx)
+
+        F.scaled_dot_product_attention, model._reorder_cache = recording_sdpa, recording_reorder
+        try:
+            with torch.no_grad():
+                record()
+        finally:
+            F.scaled_dot_product_attention = sdpa
+            del model._reorder_cache  # the instance attribute: the class's method shows through again
+        generator = torch.Generator().manual_seed(0)
+        shapes = {s for q, k, v, _, _ in self.calls for s in (q, k, v)} | {s for r in self.reorders for s in r}
+        self.tensors = {s: torch.randn(s, generator=generator) for s in shapes}
+        self.beam_idx = {s[0]: torch.randperm(s[0], generator=generator) for r in self.reorders for s in r}
+
+    @torch.no_grad()
+    def __call__(self):
+        t = self.tensors
+        for query, key, value, mask, kwargs in self.calls:
+            F.scaled_dot_product_attention(t[query], t[key], t[value], attn_mask=mask, **kwargs)
+        for shapes in self.reorders:
+            for shape in shapes:
+                t[shape].index_select(0, self.beam_idx[shape[0]])  # keys
+                t[shape].index_select(0, self.beam_idx[shape[0]])  # values
+
+
 class TrainingFloor:
     """A lower bound on the time of any training step of this model: the step's matmuls alone (every linear
     layer and the output layer forward, then the input- and weight-gradient products of backward, at the
@@ -657,7 +707,9 @@ def run_benchmark(spec: BenchmarkSpec, log: Callable[[str], None] = print) -> di
                                                                         num_beams=b))
                  for name, model in models.items()}
         tasks["textbook"] = lambda b=beams: textbook.decode(**source, new_tokens=spec.new_tokens, num_beams=b)
-        tasks = {name: (lambda f=f, n=name, w=workload: outputs.__setitem__((n, w), f())) for name, f in tasks.items()}
+        tasks["attention_floor"] = AttentionFloor(ours, tasks["ours"])
+        tasks = {name: (lambda f=f, n=name, w=workload: outputs.__setitem__((n, w), f())) if name in SYSTEMS else f
+                 for name, f in tasks.items()}
         tasks["floor"] = ProjectionFloor(ours, spec.generation_batch_size, source["input_ids"].shape[1],
                                          spec.new_tokens, beams, int(source["attention_mask"].sum()))
         tokens = spec.generation_batch_size * spec.new_tokens
@@ -665,12 +717,15 @@ def run_benchmark(spec: BenchmarkSpec, log: Callable[[str], None] = print) -> di
         # Separately (the timing hooks cost a little): how much of generate() is the loop around the model.
         split = {name: generation_split(models[name], tasks[name], min(spec.repeats, 3)) for name in models}
         floor, loop = systems["floor"]["median_s"], min(s["loop_s"] for s in split.values())
+        attention = systems["attention_floor"]["median_s"]
         results[workload] = {"systems": {n: systems[n] for n in SYSTEMS}, "projection_floor": systems["floor"],
+                             "attention_floor": systems["attention_floor"],
                              "num_beams": beams, "new_tokens": spec.new_tokens,
                              "batch": spec.generation_batch_size, "generation_split": split,
                              "ceiling_vs_marian": systems["marian"]["median_s"] / floor,
-                             # The most a model could gain through generate(): its matmuls plus the loop's time.
-                             "ceiling_through_generate": systems["marian"]["median_s"] / (floor + loop)}
+                             # The most a model could gain through generate(): its matmuls, its attention and
+                             # the loop's time.
+                             "ceiling_through_generate": systems["marian"]["median_s"] / (floor + attention + loop)}
         phases[workload] = time.perf_counter() - mark
     results["checks"] = {
         "output_shapes": {f"{n}/{w}": list(out.shape) for (n, w), out in outputs.items()},
@@ -691,19 +746,22 @@ def run_benchmark(spec: BenchmarkSpec, log: Callable[[str], None] = print) -> di
             "floor": ProjectionFloor(ours, spec.curve_batch_size, curve_source["input_ids"].shape[1], length,
                                      spec.num_beams, int(curve_source["attention_mask"].sum())),
         }
+        tasks["attention_floor"] = AttentionFloor(ours, tasks["ours"])
         # No warm-up: the decoding workloads above already ran both code paths.
         timed = summarize(time_interleaved(tasks, spec.curve_repeats, warmup=0), spec.curve_batch_size * length)
         loop = generation_split(ours, tasks["ours"], spec.curve_repeats)["loop_s"]
+        floors = timed["floor"]["median_s"] + timed["attention_floor"]["median_s"]
         shape = (config, spec.curve_batch_size, curve_source["input_ids"].shape[1], length, spec.num_beams)
         source_tokens = int(curve_source["attention_mask"].sum())
         curve.append({"new_tokens": length, "ours_s": timed["ours"]["median_s"],
                       "textbook_s": timed["textbook"]["median_s"],
                       "speedup": timed["textbook"]["median_s"] / timed["ours"]["median_s"],
                       "projection_floor_s": timed["floor"]["median_s"],
+                      "attention_floor_s": timed["attention_floor"]["median_s"],
                       # The most a cached decoder could gain here: no time beyond its projections.
                       "ceiling": timed["textbook"]["median_s"] / timed["floor"]["median_s"],
                       "generate_loop_s": loop,
-                      "ceiling_through_generate": timed["textbook"]["median_s"] / (timed["floor"]["median_s"] + loop),
+                      "ceiling_through_generate": timed["textbook"]["median_s"] / (floors + loop),
                       # What a cache saves in arithmetic.
                       "flop_ratio": decoding_flops(*shape, cached=False, source_tokens=source_tokens)
                                     / decoding_flops(*shape, source_tokens=source_tokens)})
@@ -798,8 +856,9 @@ def target_verdicts(results: dict) -> dict:
 def ceilings(results: dict) -> dict:
     """For each speed goal, the most any implementation could reach on this machine, as measured in the run:
     training, if the step took no time beyond its matmuls and the AdamW update (`TrainingFloor`); decoding
-    through generate(), if the model took no time beyond its projections (the projection floor) and generate()
-    no more than its measured loop, against Marian and against the textbook decoder. Runs saved before these
+    through generate(), if the model took no time beyond its projections and its attention (the projection and
+    attention floors) and generate() no more than its measured loop, against Marian and against the textbook
+    decoder. Runs saved before these
     were measured fall back to the matmul peak (training) and the projection floor alone (decoding)."""
     train = results["train"]
     out = {"train_speed_vs_marian": train.get("ceiling_vs_marian", 1 / train["systems"]["marian"]["mfu"])}
@@ -907,14 +966,15 @@ def render_markdown(results: dict) -> str:
     curve = results["beam_curve"]
     lines += [f"## Beam-{curve['num_beams']} speedup over the textbook decoder ({curve['batch']} sentences, "
               f"median of {curve['repeats']})", "",
-              "| output tokens | ours | textbook | speedup | projection floor | generate() loop | ceiling "
-              "(floor alone) | ceiling (floor + loop) | FLOP ratio |",
-              "|---|---|---|---|---|---|---|---|---|"]
+              "| output tokens | ours | textbook | speedup | projection floor | attention floor | generate() loop "
+              "| ceiling (projections alone) | ceiling (floors + loop) | FLOP ratio |",
+              "|---|---|---|---|---|---|---|---|---|---|"]
     for p in curve["points"]:
         loop = _ms(p["generate_loop_s"]) if "generate_loop_s" in p else "–"
+        attention = _ms(p["attention_floor_s"]) if "attention_floor_s" in p else "–"
         through = f"{p['ceiling_through_generate']:.1f}x" if "ceiling_through_generate" in p else "–"
         lines.append(f"| {p['new_tokens']} | {_ms(p['ours_s'])} | {_ms(p['textbook_s'])} | {p['speedup']:.1f}x "
-                     f"| {_ms(p['projection_floor_s'])} | {loop} | {p['ceiling']:.1f}x | {through} "
+                     f"| {_ms(p['projection_floor_s'])} | {attention} | {loop} | {p['ceiling']:.1f}x | {through} "
                      f"| {p['flop_ratio']:.1f}x |")
     floors = {w: results[w]["projection_floor"]["median_s"] for w in ("greedy", "beam")}
     lines += ["",
@@ -926,6 +986,13 @@ def render_markdown(results: dict) -> str:
               "speedup stays far below it because one position per step makes small matmuls, which run at a "
               "fraction of the speed of the textbook decoder's large ones.",
               ]
+    if all("attention_floor" in results[w] for w in ("greedy", "beam")):
+        attention = {w: results[w]["attention_floor"]["median_s"] for w in ("greedy", "beam")}
+        lines += ["",
+                  "Attention floor: the decoding's attention alone, every scaled-dot-product-attention call of one "
+                  "run of ours replayed at the same shapes and masks, plus, in beam search, the reordering of the "
+                  f"self-attention cache between steps (`AttentionFloor`): greedy {_ms(attention['greedy'])}, beam "
+                  f"{_ms(attention['beam'])}. A cached decoder cannot skip these either."]
     if all("generation_split" in results[w] for w in ("greedy", "beam")):
         def split(workload):
             parts = results[workload]["generation_split"]
@@ -934,7 +1001,7 @@ def render_markdown(results: dict) -> str:
                   "generate() loop: the time transformers' generation loop spends outside the model (logits "
                   "processors, token choice, beam bookkeeping), which a model decoding through generate() pays "
                   f"however fast it is (`generation_split`, median of up to 3 runs): greedy {split('greedy')}; beam "
-                  f"{split('beam')}. With it, the decoding ceilings tighten to the peer's time over floor + loop "
+                  f"{split('beam')}. With it, the decoding ceilings tighten to the peer's time over the floors + loop "
                   "(the smaller loop of the two systems).",
                   ]
     lines += ["", "## Targets", "",
@@ -949,7 +1016,7 @@ def render_markdown(results: dict) -> str:
         lines += ["", "Ceilings: training, Marian's step time over the training floor (`TrainingFloor`: the step's "
                       "matmuls forward and backward on the batch's tokens, back to back, plus the AdamW update; "
                       f"{_ms(train['floor']['median_s'])}); decoding, the peer's time over the projection floor plus "
-                      "generate()'s loop."]
+                      "the attention floor (where measured) plus generate()'s loop."]
     else:
         lines += ["", "Ceilings: training, Marian's step time if ours ran at the measured matmul peak (1 / Marian's "
                       "MFU); decoding, the peer's time over the projection floor."]
