@@ -402,7 +402,7 @@ class AttentionFloor:
             self.calls.append((query.shape, key.shape, value.shape, mask, kwargs))
             return sdpa(query, key, value, attn_mask=attn_mask, **kwargs)
 
-        reorder = model._reorder_cache
+        reorder, previous = model._reorder_cache, vars(model).get("_reorder_cache")
 
         def recording_reorder(cache, beam_idx):
             layers = getattr(cache, "self_attention_cache", cache).layers
@@ -415,7 +415,10 @@ class AttentionFloor:
                 record()
         finally:
             F.scaled_dot_product_attention = sdpa
-            del model._reorder_cache  # the instance attribute: the class's method shows through again
+            if previous is None:
+                del model._reorder_cache  # the instance attribute: the class's method shows through again
+            else:
+                model._reorder_cache = previous
         generator = torch.Generator().manual_seed(0)
         shapes = {s for q, k, v, _, _ in self.calls for s in (q, k, v)} | {s for r in self.reorders for s in r}
         self.tensors = {s: torch.randn(s, generator=generator) for s in shapes}
