@@ -283,6 +283,22 @@ def attention_agreement(device, s) -> dict:
     return out
 
 
+def autocast_train_step(model, batch, optimizer, device, losses: list | None = None):
+    """One optimizer step as Trainer --bf16 takes it: bf16 autocast over fp32 weights; appends the loss to
+    `losses` (still on the device: reading it would synchronise every step)."""
+    import torch
+
+    def step():
+        optimizer.zero_grad(set_to_none=True)
+        with torch.autocast(device.type, dtype=torch.bfloat16):
+            loss = model(**batch).loss
+        loss.backward()
+        optimizer.step()
+        if losses is not None:
+            losses.append(loss.detach())
+    return step
+
+
 def train_step_throughput(device, preset, s, peak_tflops) -> dict:
     """bf16 autocast training step (fp32 weights, fused AdamW, paper dropout): tokens/s, MFU, peak memory."""
     import torch
@@ -296,15 +312,7 @@ def train_step_throughput(device, preset, s, peak_tflops) -> dict:
                                   fused=device.type == "cuda")
     batch = padded_batch(s["train_batch"], s["source_length"], s["target_length"], s["vocab_size"], device)
     losses = []
-
-    def step():
-        optimizer.zero_grad(set_to_none=True)
-        with torch.autocast(device.type, dtype=torch.bfloat16):
-            loss = model(**batch).loss
-        loss.backward()
-        optimizer.step()
-        losses.append(loss.detach())
-
+    step = autocast_train_step(model, batch, optimizer, device, losses)
     times = timed(step, device, s["timed_steps"], s["warmup_steps"])
     step_s = statistics.median(times)
     # The default against the other padding choice (see `Padding`), interleaved.
@@ -322,7 +330,7 @@ def train_step_throughput(device, preset, s, peak_tflops) -> dict:
         "step_ms": step_s * 1e3, "step_ms_min": min(times) * 1e3, "padding_choice_ms": pair_ms,
         "tokens_per_s": (source_tokens + target_tokens) / step_s, "target_tokens_per_s": target_tokens / step_s,
         "model_tflops": flops / step_s / 1e12, "mfu": flops / step_s / 1e12 / peak_tflops if peak_tflops else None,
-        "peak_memory_gib": peak_gib(device), "loss_finite": all(bool(torch.isfinite(x)) for x in losses),
+        "peak_memory_gib": peak_gib(device), "loss_finite": bool(losses) and all(bool(torch.isfinite(x)) for x in losses),
     }
     del model, optimizer
     return result
@@ -368,14 +376,7 @@ def train_vs_marian_bf16(device, s) -> dict:
     def train_step(model):
         optimizer = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=1e-4,
                                       fused=device.type == "cuda")
-
-        def step():
-            optimizer.zero_grad(set_to_none=True)
-            with torch.autocast(device.type, dtype=torch.bfloat16):
-                loss = model(**batch).loss
-            loss.backward()
-            optimizer.step()
-        return step
+        return autocast_train_step(model, batch, optimizer, device)
 
     steps = {name: train_step(model) for name, model in models.items()}
 
