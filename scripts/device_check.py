@@ -330,7 +330,8 @@ def train_step_throughput(device, preset, s, peak_tflops) -> dict:
         "step_ms": step_s * 1e3, "step_ms_min": min(times) * 1e3, "padding_choice_ms": pair_ms,
         "tokens_per_s": (source_tokens + target_tokens) / step_s, "target_tokens_per_s": target_tokens / step_s,
         "model_tflops": flops / step_s / 1e12, "mfu": flops / step_s / 1e12 / peak_tflops if peak_tflops else None,
-        "peak_memory_gib": peak_gib(device), "loss_finite": bool(losses) and all(bool(torch.isfinite(x)) for x in losses),
+        "peak_memory_gib": peak_gib(device),
+        "loss_finite": bool(losses) and all(bool(torch.isfinite(x)) for x in losses),
     }
     del model, optimizer
     return result
