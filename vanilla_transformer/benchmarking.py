@@ -861,8 +861,8 @@ def ceilings(results: dict) -> dict:
     training, if the step took no time beyond its matmuls and the AdamW update (`TrainingFloor`); decoding
     through generate(), if the model took no time beyond its projections and its attention (the projection and
     attention floors) and generate() no more than its measured loop, against Marian and against the textbook
-    decoder. Runs saved before these
-    were measured fall back to the matmul peak (training) and the projection floor alone (decoding)."""
+    decoder. Runs saved before these were measured fall back to the matmul peak (training) and the projection
+    floor alone (decoding)."""
     train = results["train"]
     out = {"train_speed_vs_marian": train.get("ceiling_vs_marian", 1 / train["systems"]["marian"]["mfu"])}
     for workload in ("greedy", "beam"):
