@@ -7,6 +7,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from torch.overrides import TorchFunctionMode
 from torch.utils.flop_counter import FlopCounterMode
 
 from vanilla_transformer.benchmarking import (
@@ -123,7 +124,7 @@ def test_decoding_flops_agree_with_torchs_flop_counter(spec, models, num_beams):
 
 
 @pytest.mark.parametrize("num_beams", [1, 4])
-def test_attention_floor_replays_exactly_the_attention_of_a_decoding_run(spec, models, monkeypatch, num_beams):
+def test_attention_floor_replays_exactly_the_attention_of_a_decoding_run(spec, models, num_beams):
     ours, new_tokens = models["ours"], 5
     config = ours.config
     source = source_batch(spec, config, batch=3)
@@ -151,16 +152,18 @@ def test_attention_floor_replays_exactly_the_attention_of_a_decoding_run(spec, m
     reorders = [[(rows, heads, t, head_dim)] * config.decoder_layers for t in range(1, new_tokens + 1)]
     assert [list(map(tuple, r)) for r in floor.reorders] == (reorders if num_beams > 1 else [])
 
-    replayed = {"sdpa": 0}
-    sdpa = torch.nn.functional.scaled_dot_product_attention
+    class Counting(TorchFunctionMode):
+        def __torch_function__(self, func, types, args=(), kwargs=None):
+            replayed[func.__name__] = replayed.get(func.__name__, 0) + 1
+            return func(*args, **(kwargs or {}))
 
-    def counting_sdpa(*args, **kwargs):
-        replayed["sdpa"] += 1
-        return sdpa(*args, **kwargs)
-
-    monkeypatch.setattr(torch.nn.functional, "scaled_dot_product_attention", counting_sdpa)
-    floor()
-    assert replayed["sdpa"] == len(floor.calls) == config.encoder_layers + 2 * config.decoder_layers * new_tokens
+    replayed = {}
+    with Counting():
+        floor()
+    assert replayed["scaled_dot_product_attention"] == len(floor.calls)
+    assert len(floor.calls) == config.encoder_layers + 2 * config.decoder_layers * new_tokens
+    # Keys and values of every layer, at every reordering.
+    assert replayed.get("index_select", 0) == 2 * sum(len(r) for r in reorders) * (num_beams > 1)
 
 
 def test_generation_split_times_the_model_inside_generate_and_leaves_it_untouched(spec, models):
