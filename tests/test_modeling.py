@@ -23,7 +23,7 @@ from vanilla_transformer import (
     VanillaTransformerForConditionalGeneration,
     VanillaTransformerModel,
 )
-from vanilla_transformer.modeling_vanilla_transformer import CACHE_FIELD, Padding, SinusoidalPositionalEncoding, dropout
+from vanilla_transformer.modeling_vanilla_transformer import CACHE_FIELD, SinusoidalPositionalEncoding
 
 ATOL = 1e-5  # float32 on CPU; observed differences are about 1e-6
 
@@ -89,98 +89,6 @@ def test_encoder_sees_the_whole_source_and_decoder_only_the_past(normalize_befor
     assert (after.logits[0, 3:] - base.logits[0, 3:]).abs().max() > 1e-4
 
 
-# Padding is skipped, not computed ----------------------------------------------------------------------
-
-def test_padding_packs_tokens_and_unpacks_them_with_zeros_at_the_padding():
-    mask = torch.tensor([[1, 1, 0], [0, 1, 1]])
-    grid = torch.arange(6 * 2, dtype=torch.float32).view(2, 3, 2)
-    padding = Padding(mask)
-    tokens = padding.pack(grid)
-    torch.testing.assert_close(tokens, grid[mask.bool()], atol=0, rtol=0)
-    torch.testing.assert_close(padding.unpack(tokens), grid * mask[..., None], atol=0, rtol=0)
-    # Nothing to skip: no mask, no padding, switched off, a 4-D mask prepared by generate(), or too little padding
-    # to pay for the packing.
-    nearly_full = torch.ones(4, 10)
-    nearly_full[0, -1:] = 0
-    for nothing in (Padding(None), Padding(torch.ones(2, 3)), Padding(mask, enabled=False), Padding(mask[None, None]),
-                    Padding(nearly_full)):
-        assert nothing.rows is None and nothing.pack(grid) is grid and nothing.unpack(grid) is grid
-    nearly_full[1, -2:] = 0
-    assert Padding(nearly_full).rows.numel() == 37  # 3 of 40 (7.5%) is enough, 1 of 40 (2.5%) was not
-    # The default (config.skip_padding=None) packs on the CPU only: elsewhere packing was measured not to pay.
-    assert Padding(mask, enabled=None).rows is not None
-    assert Padding(mask.to("meta"), enabled=None).rows is None
-    assert VanillaTransformerConfig().skip_padding is None
-
-
-def _loss_outputs_and_gradients(model, **batch):
-    model.zero_grad()
-    out = model(**batch, output_hidden_states=True)
-    out.loss.backward()
-    return out, {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None}
-
-
-@pytest.mark.parametrize("source_padding", ["right", "left"])
-def test_skipping_the_padding_changes_no_loss_gradient_or_token_output(normalize_before, source_padding):
-    model = tiny_model(normalize_before=normalize_before, label_smoothing=0.1)
-    input_ids, attention_mask, labels = random_batch()
-    if source_padding == "left":
-        input_ids, attention_mask = input_ids.flip(1), attention_mask.flip(1)
-    labels[0, -2:] = -100  # padding after the last label: skipped
-    labels[1, 1] = -100  # an unlabelled position inside the target: still computed, later positions read it
-    batch = dict(input_ids=input_ids, attention_mask=attention_mask, labels=labels)
-    skipped, skipped_grads = _loss_outputs_and_gradients(model, **batch)
-    model.config.skip_padding = False
-    full, full_grads = _loss_outputs_and_gradients(model, **batch)
-    torch.testing.assert_close(skipped.loss, full.loss, atol=1e-6, rtol=0)
-    assert skipped_grads.keys() == full_grads.keys() and len(full_grads) > 10
-    for name in full_grads:
-        torch.testing.assert_close(skipped_grads[name], full_grads[name], atol=1e-6, rtol=0, msg=name)
-    source, target = attention_mask.bool(), torch.ones_like(labels, dtype=torch.bool)
-    target[0, -2:] = False
-    for got, expected, tokens in [(skipped.logits, full.logits, target),
-                                  (skipped.encoder_last_hidden_state, full.encoder_last_hidden_state, source),
-                                  *[(a, b, source) for a, b in zip(skipped.encoder_hidden_states, full.encoder_hidden_states)],
-                                  *[(a, b, target) for a, b in zip(skipped.decoder_hidden_states, full.decoder_hidden_states)]]:
-        assert got.shape == expected.shape
-        torch.testing.assert_close(got[tokens], expected[tokens], atol=ATOL, rtol=0)
-        assert not got[~tokens].any()  # skipped positions read as zeros
-    model.config.skip_padding = True
-
-
-def test_a_decoder_attention_mask_skips_the_decoders_padding_too():
-    model = tiny_model()
-    input_ids, attention_mask, labels = random_batch()
-    decoder_input_ids = model.prepare_decoder_input_ids_from_labels(labels)
-    decoder_attention_mask = torch.ones_like(decoder_input_ids)
-    decoder_attention_mask[2, -3:] = 0
-    batch = dict(input_ids=input_ids, attention_mask=attention_mask, decoder_input_ids=decoder_input_ids,
-                 decoder_attention_mask=decoder_attention_mask)
-    base = VanillaTransformerModel(model.config)
-    base.load_state_dict(model.model.state_dict())
-    with torch.no_grad():
-        outputs = {skip: (model(**batch).logits, base(**batch, use_cache=False).last_hidden_state)
-                   for skip in (True, False) if not setattr(model.config, "skip_padding", skip)}
-    tokens = decoder_attention_mask.bool()
-    for skipped, full in zip(outputs[True], outputs[False]):
-        torch.testing.assert_close(skipped[tokens], full[tokens], atol=ATOL, rtol=0)
-        assert not skipped[~tokens].any()
-    model.config.skip_padding = True
-
-
-def test_generation_is_unchanged_by_skipping_the_sources_padding():
-    model = tiny_model()
-    input_ids, attention_mask, _ = random_batch()
-    generated = {}
-    for skip in (True, False):
-        model.config.skip_padding = skip
-        for beams in (1, 4):
-            generated[skip, beams] = model.generate(input_ids=input_ids, attention_mask=attention_mask,
-                                                    max_new_tokens=6, num_beams=beams)
-    for beams in (1, 4):
-        assert torch.equal(generated[True, beams], generated[False, beams])
-
-
 def test_labels_of_another_shape_than_the_decoder_inputs_are_refused():
     model = tiny_model()
     input_ids, attention_mask, labels = random_batch()
@@ -199,11 +107,20 @@ def test_eager_and_sdpa_give_the_same_logits(normalize_before):
     torch.testing.assert_close(eager, sdpa, atol=ATOL, rtol=0)
 
 
-def test_attention_weights_need_eager_and_are_returned_by_it():
+def test_attention_weights_asked_of_sdpa_come_back_as_none_with_a_warning(caplog):
+    """As in-tree models do: the backend returns what it can, and says that eager attention returns weights."""
     model = tiny_model()
     input_ids, attention_mask, labels = random_batch()
-    with pytest.raises(ValueError, match="eager"):
-        model(input_ids=input_ids, attention_mask=attention_mask, labels=labels, output_attentions=True)
+    with caplog.at_level("WARNING"):
+        out = model(input_ids=input_ids, attention_mask=attention_mask, labels=labels, output_attentions=True)
+    assert "output_attentions" in caplog.text and "eager" in caplog.text
+    for weights in (out.encoder_attentions, out.decoder_attentions, out.cross_attentions):
+        assert len(weights) == 2 and all(w is None for w in weights)
+
+
+def test_attention_weights_are_returned_by_eager_attention():
+    model = tiny_model()
+    input_ids, attention_mask, labels = random_batch()
     model.set_attn_implementation("eager")
     out = model(input_ids=input_ids, attention_mask=attention_mask, labels=labels, output_attentions=True)
     assert out.encoder_attentions[0].shape == (3, 4, 7, 7)
@@ -265,63 +182,6 @@ def test_generation_is_identical_with_and_without_cache(settings, normalize_befo
     torch.testing.assert_close(torch.stack(cached.scores), torch.stack(uncached.scores), atol=1e-4, rtol=0)
 
 
-@pytest.mark.parametrize("implementation", ["sdpa", "eager"])
-def test_decoder_rows_grouped_on_one_source_equal_a_copied_source(implementation, normalize_before):
-    """Beams read one copy of their source: 3 sources x 2 decoder rows each must equal 6 copied sources."""
-    model = tiny_model(normalize_before=normalize_before)
-    model.set_attn_implementation(implementation)
-    input_ids, attention_mask, labels = random_batch()
-    decoder_input_ids = model.prepare_decoder_input_ids_from_labels(labels.repeat_interleave(2, dim=0))
-    decoder_input_ids[1::2, 3:] = torch.randint(4, VOCAB, (3, 3), generator=torch.Generator().manual_seed(5))
-    kwargs = dict(output_attentions=True) if implementation == "eager" else {}
-    with torch.no_grad():
-        encoder_outputs = model.get_encoder()(input_ids=input_ids, attention_mask=attention_mask)
-        copied = model.get_encoder()(input_ids=input_ids.repeat_interleave(2, 0),
-                                     attention_mask=attention_mask.repeat_interleave(2, 0))
-        grouped = model(encoder_outputs=encoder_outputs, attention_mask=attention_mask,
-                        decoder_input_ids=decoder_input_ids, use_cache=False, **kwargs)
-        expected = model(encoder_outputs=copied, attention_mask=attention_mask.repeat_interleave(2, 0),
-                         decoder_input_ids=decoder_input_ids, use_cache=False, **kwargs)
-        steps, cache = [], None
-        for t in range(decoder_input_ids.shape[1]):
-            out = model(encoder_outputs=encoder_outputs, attention_mask=attention_mask,
-                        decoder_input_ids=decoder_input_ids[:, t:t + 1], cache=cache, use_cache=True)
-            cache, steps = getattr(out, CACHE_FIELD), steps + [out.logits]
-    torch.testing.assert_close(grouped.logits, expected.logits, atol=ATOL, rtol=0)
-    torch.testing.assert_close(torch.cat(steps, dim=1), expected.logits, atol=ATOL, rtol=0)
-    # The cache holds the source's keys once per source, not once per decoder row.
-    assert cache.cross_attention_cache.layers[0].keys.shape[0] == 3
-    if implementation == "eager":
-        for got, want in zip(grouped.cross_attentions, expected.cross_attentions):
-            assert got.shape == (6, 4, decoder_input_ids.shape[1], input_ids.shape[1])
-            torch.testing.assert_close(got, want, atol=ATOL, rtol=0)
-
-
-def test_decoder_rows_that_do_not_divide_among_the_sources_are_refused():
-    model = tiny_model()
-    input_ids, attention_mask, labels = random_batch()
-    with pytest.raises(ValueError, match="decoder has 4 rows but the encoder output has 3"):
-        model(input_ids=input_ids, attention_mask=attention_mask, decoder_input_ids=torch.ones(4, 2, dtype=torch.long))
-
-
-def test_beam_search_keeps_one_copy_of_the_source_per_sentence():
-    model = tiny_model()
-    input_ids, attention_mask, _ = random_batch()
-    seen = []
-    original = model.forward
-
-    def spy(*args, **kwargs):
-        out = original(*args, **kwargs)
-        seen.append((kwargs["decoder_input_ids"].shape[0], getattr(out, CACHE_FIELD)))
-        return out
-
-    model.forward = spy
-    model.generate(input_ids=input_ids, attention_mask=attention_mask, max_new_tokens=4, num_beams=4)
-    rows, cache = seen[-1]
-    assert rows == 12 and cache.self_attention_cache.layers[0].keys.shape[0] == 12
-    assert cache.cross_attention_cache.layers[0].keys.shape[0] == 3
-
-
 def test_static_cache_generates_like_the_dynamic_one():
     model = tiny_model()
     input_ids, attention_mask, _ = random_batch()
@@ -363,10 +223,34 @@ def test_a_4d_decoder_mask_is_used_as_the_attention_mask_it_is():
     torch.testing.assert_close(given, expected, atol=ATOL, rtol=0)
 
 
-def test_generation_defaults_are_the_papers():
+def test_a_new_model_without_a_generation_config_decodes_greedily():
+    """What transformers assumes of every model: the paper's beam search is opted into, not forced."""
     model = tiny_model()
-    config = model.generation_config
-    assert (config.num_beams, config.length_penalty, config.max_new_tokens_over_input) == (4, 0.6, 50)
+    assert model.generation_config.num_beams in (None, 1)
+    assert getattr(model.generation_config, "length_penalty_type", "hf") == "hf"
+    input_ids, attention_mask, _ = random_batch()
+    out = model.generate(input_ids=input_ids, attention_mask=attention_mask, max_new_tokens=6,
+                         return_dict_in_generate=True, output_scores=True)
+    greedy = model.generate(input_ids=input_ids, attention_mask=attention_mask, max_new_tokens=6, num_beams=1,
+                            do_sample=False)
+    assert not hasattr(out, "beam_indices") or out.beam_indices is None
+    torch.testing.assert_close(out.sequences, greedy, atol=0, rtol=0)
+
+
+def test_the_presets_and_the_paper_generation_config_decode_as_the_paper(tmp_path):
+    from vanilla_transformer import paper_generation_config
+
+    preset = VanillaTransformerForConditionalGeneration.from_preset("tiny", vocab_size=VOCAB)
+    assert preset.config.label_smoothing == 0.1
+    model = tiny_model()
+    model.generation_config = paper_generation_config(model.config)
+    for config in (preset.generation_config, model.generation_config):
+        assert (config.num_beams, config.length_penalty, config.max_new_tokens_over_input,
+                config.length_penalty_type) == (4, 0.6, 50, "gnmt")
+    model.save_pretrained(tmp_path)  # carried by generation_config.json, so trained checkpoints keep it
+    saved = json.loads((tmp_path / "generation_config.json").read_text())
+    assert (saved["num_beams"], saved["length_penalty_type"], saved["max_new_tokens_over_input"]) == (4, "gnmt", 50)
+    assert AutoModelForSeq2SeqLM.from_pretrained(tmp_path).generation_config.num_beams == 4
     input_ids, attention_mask, _ = random_batch()
     # With eos never reachable, the output stops at the budget: input length + 50 new tokens (+ start token).
     out = model.generate(input_ids=input_ids, attention_mask=attention_mask, suppress_tokens=[2])
@@ -531,50 +415,6 @@ def test_gradient_accumulation_2x4_trains_like_one_batch_of_8(tmp_path):
         torch.testing.assert_close(a, b, atol=2e-6, rtol=0, msg=name)
 
 
-@pytest.mark.parametrize("p", [0.1, 0.3])
-def test_dropout_zeroes_a_fraction_p_and_scales_the_rest(p):
-    torch.manual_seed(0)
-    x = torch.rand(1001, 999) + 0.5  # odd size: the random words are shared by element pairs
-    out = dropout(x, p, training=True)
-    dropped = out == 0
-    n = x.numel()
-    assert abs(dropped.float().mean().item() - p) < 5 * math.sqrt(p * (1 - p) / n)
-    torch.testing.assert_close(out[~dropped], x[~dropped] / (1 - p), atol=0, rtol=1e-6)
-    # Neighbouring elements (one 64-bit word) and distant ones are dropped independently.
-    pairs = dropped.flatten()[: n - 1 : 2] & dropped.flatten()[1::2]
-    assert abs(pairs.float().mean().item() - p * p) < 5 * math.sqrt(p * p / (n // 2))
-    rows = dropped.float().mean(1)
-    assert rows.std().item() < 2 * math.sqrt(p * (1 - p) / x.shape[1])
-
-
-def test_dropout_follows_the_seed_and_is_off_in_eval():
-    x = torch.randn(4, 7, 16)
-    masks = []
-    for seed in (0, 0, 1):
-        torch.manual_seed(seed)
-        masks.append(dropout(x, 0.5, training=True) == 0)
-    assert torch.equal(masks[0], masks[1]) and not torch.equal(masks[0], masks[2])
-    assert dropout(x, 0.5, training=False) is x and dropout(x, 0.0, training=True) is x
-    assert dropout(x.bfloat16(), 0.5, training=True).dtype == torch.bfloat16
-
-
-def test_dropout_backward_keeps_only_a_boolean_mask():
-    """The gradient is the same mask and scale; like torch's dropout, backward holds one byte per element."""
-    x = torch.randn(8, 33, requires_grad=True)
-    saved = []
-    with torch.autograd.graph.saved_tensors_hooks(lambda t: saved.append(t) or t, lambda t: t):
-        torch.manual_seed(0)
-        out = dropout(x, 0.25, training=True)
-    assert sum(t.numel() * t.element_size() for t in saved) <= x.numel()
-    out.backward(torch.ones_like(out))
-    torch.testing.assert_close(x.grad, (out != 0).float() / 0.75)
-
-
-def test_dropout_off_the_cpu_is_torchs():
-    x = torch.empty(3, 5, device="meta")  # any non-CPU device takes torch's fused kernel, which accepts meta
-    assert dropout(x, 0.1, training=True).shape == (3, 5)
-
-
 def test_training_with_dropout_and_gradient_checkpointing_gives_the_same_gradients():
     """Recomputed layers must draw the same dropout masks as the first pass."""
     input_ids, attention_mask, labels = random_batch()
@@ -640,7 +480,7 @@ def test_out_of_vocabulary_ids_name_the_id():
     model = tiny_model()
     with pytest.raises(ValueError, match=f"id {VOCAB + 3}.*vocabulary"):
         model(input_ids=torch.tensor([[5, VOCAB + 3]]), decoder_input_ids=torch.tensor([[1]]))
-    with pytest.raises(ValueError, match="id -7"):
+    with pytest.raises(ValueError, match="`decoder_input_ids` holds id -7"):
         model(input_ids=torch.tensor([[5, 6]]), decoder_input_ids=torch.tensor([[1, -7]]))
     with pytest.raises(ValueError, match="labels.*id 999"):
         model(input_ids=torch.tensor([[5, 6]]), labels=torch.tensor([[999, -100]]))
@@ -690,14 +530,16 @@ def test_cache_passed_twice_is_refused():
     with torch.no_grad():
         one, other = (getattr(model(input_ids=input_ids, decoder_input_ids=start, use_cache=True), CACHE_FIELD)
                       for _ in range(2))
-        with pytest.raises(ValueError, match="not both"):
+        with pytest.raises(ValueError, match="Both `past_key_values` and `cache`"):
             model(input_ids=input_ids, decoder_input_ids=start, cache=one, past_key_values=other)
 
 
 def test_generation_config_survives_a_round_trip_of_custom_values(tmp_path):
+    from vanilla_transformer import paper_generation_config
+
     model = tiny_model()
-    model.generation_config = GenerationConfig(**{**model.generation_config.to_diff_dict(), "num_beams": 5,
-                                                  "max_new_tokens_over_input": 7})
+    model.generation_config = paper_generation_config(model.config)
+    model.generation_config.num_beams, model.generation_config.max_new_tokens_over_input = 5, 7
     model.save_pretrained(tmp_path)
     loaded = AutoModelForSeq2SeqLM.from_pretrained(tmp_path)
     assert loaded.generation_config.num_beams == 5 and loaded.generation_config.max_new_tokens_over_input == 7
@@ -745,12 +587,161 @@ def test_gnmt_penalty_ranks_hypotheses_as_the_formula_says():
     assert gnmt.sequences_scores.item() == pytest.approx(-1.0 / (7 / 6) ** 0.6, abs=1e-5)
 
 
-def test_gnmt_is_the_default_and_greedy_is_unaffected():
+def test_gnmt_is_the_paper_configs_penalty_and_greedy_is_unaffected():
+    from vanilla_transformer import paper_generation_config
+
     model = tiny_model()
-    assert model.generation_config.length_penalty_type == "gnmt"
+    assert paper_generation_config(model.config).length_penalty_type == "gnmt"
     input_ids, attention_mask, _ = random_batch()
     greedy = [model.generate(input_ids=input_ids, attention_mask=attention_mask, num_beams=1, max_new_tokens=10,
                              length_penalty_type=kind) for kind in ("gnmt", "hf")]
     torch.testing.assert_close(greedy[0], greedy[1], atol=0, rtol=0)
     with pytest.raises(ValueError, match="'bogus'"):
         model.generate(input_ids=input_ids, attention_mask=attention_mask, length_penalty_type="bogus")
+
+
+# The contracts transformers makes of every model ------------------------------------------------------
+
+def test_config_output_attentions_and_hidden_states_are_honoured(tmp_path):
+    tiny_model().save_pretrained(tmp_path)
+    model = AutoModelForSeq2SeqLM.from_pretrained(tmp_path, output_attentions=True, output_hidden_states=True,
+                                                  attn_implementation="eager").eval()
+    input_ids, attention_mask, labels = random_batch()
+    out = model(input_ids=input_ids, attention_mask=attention_mask, labels=labels)
+    layers = model.config.encoder_layers
+    assert len(out.encoder_hidden_states) == len(out.decoder_hidden_states) == layers + 1
+    for weights in (out.encoder_attentions, out.decoder_attentions, out.cross_attentions):
+        assert len(weights) == layers and all(isinstance(w, torch.Tensor) for w in weights)
+    quiet = model(input_ids=input_ids, attention_mask=attention_mask, labels=labels, output_attentions=False,
+                  output_hidden_states=False)  # an argument wins over the config
+    assert quiet.encoder_attentions is None and quiet.decoder_hidden_states is None
+
+
+def test_inputs_embeds_from_the_input_embeddings_give_the_outputs_of_the_ids(normalize_before):
+    model = tiny_model(normalize_before=normalize_before)
+    input_ids, attention_mask, labels = random_batch()
+    decoder_input_ids = model.prepare_decoder_input_ids_from_labels(labels)
+    embed = model.get_input_embeddings()
+    from_ids = logits(model, input_ids, attention_mask, decoder_input_ids)
+    with torch.no_grad():
+        from_embeds = model(inputs_embeds=embed(input_ids), attention_mask=attention_mask,
+                            decoder_inputs_embeds=embed(decoder_input_ids), use_cache=False).logits
+    torch.testing.assert_close(from_embeds, from_ids, atol=0, rtol=0)
+    assert embed is model.model.encoder.embed_tokens or embed.weight is model.model.encoder.embed_tokens.weight
+
+
+def test_a_bare_config_gives_plain_cross_entropy_and_saved_configs_state_the_smoothing(tmp_path):
+    model = tiny_model(label_smoothing=VanillaTransformerConfig().label_smoothing)
+    input_ids, attention_mask, labels = random_batch()
+    labels[0, -2:] = -100
+    out = model(input_ids=input_ids, attention_mask=attention_mask, labels=labels)
+    expected = torch.nn.functional.cross_entropy(out.logits.flatten(0, 1), labels.flatten(), ignore_index=-100)
+    torch.testing.assert_close(out.loss, expected, atol=1e-6, rtol=0)
+    for label_smoothing in (0.0, 0.1):
+        tiny_model(label_smoothing=label_smoothing).save_pretrained(tmp_path / str(label_smoothing))
+        saved = json.loads((tmp_path / str(label_smoothing) / "config.json").read_text())
+        assert saved["label_smoothing"] == label_smoothing
+
+
+def test_beam_search_caches_one_row_per_beam_in_both_attentions():
+    model = tiny_model()
+    input_ids, attention_mask, _ = random_batch()
+    out = model.generate(input_ids=input_ids, attention_mask=attention_mask, max_new_tokens=4, num_beams=4,
+                         return_dict_in_generate=True)
+    cache = getattr(out, CACHE_FIELD)
+    assert cache.self_attention_cache.layers[0].keys.shape[0] == 12
+    assert cache.cross_attention_cache.layers[0].keys.shape[0] == 12
+
+
+def test_the_old_cache_name_warns_from_5_24_on_and_is_the_name_before():
+    import warnings
+
+    model = tiny_model()
+    input_ids, attention_mask, labels = random_batch()
+    decoder_input_ids = model.prepare_decoder_input_ids_from_labels(labels)
+    with torch.no_grad():
+        first = model(input_ids=input_ids, attention_mask=attention_mask, decoder_input_ids=decoder_input_ids[:, :3],
+                      use_cache=True)
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            model(input_ids=input_ids, attention_mask=attention_mask, decoder_input_ids=decoder_input_ids[:, 3:],
+                  past_key_values=getattr(first, CACHE_FIELD), use_cache=True)
+    deprecated = [w for w in caught if "`past_key_values` is deprecated" in str(w.message)]
+    assert len(deprecated) == (1 if CACHE_FIELD == "cache" else 0)
+
+
+def test_cached_and_uncached_decoding_agree_at_every_position_padding_included():
+    model = tiny_model()
+    input_ids, attention_mask, labels = random_batch()
+    decoder_input_ids = model.prepare_decoder_input_ids_from_labels(labels)
+    decoder_attention_mask = torch.ones_like(decoder_input_ids)
+    decoder_attention_mask[1, -2:] = 0  # right-padded targets
+    with torch.no_grad():
+        full = model(input_ids=input_ids, attention_mask=attention_mask, decoder_input_ids=decoder_input_ids,
+                     decoder_attention_mask=decoder_attention_mask, use_cache=False, output_hidden_states=True)
+        encoder_outputs = model.get_encoder()(input_ids=input_ids, attention_mask=attention_mask)
+        cache, steps = None, []
+        for t in range(decoder_input_ids.shape[1]):
+            out = model(encoder_outputs=encoder_outputs, attention_mask=attention_mask,
+                        decoder_input_ids=decoder_input_ids[:, t:t + 1],
+                        decoder_attention_mask=decoder_attention_mask[:, :t + 1], cache=cache, use_cache=True,
+                        output_hidden_states=True)
+            cache = getattr(out, CACHE_FIELD)
+            steps.append(out)
+    torch.testing.assert_close(torch.cat([o.logits for o in steps], 1), full.logits, atol=ATOL, rtol=0)
+    for layer, hidden in enumerate(full.decoder_hidden_states):
+        torch.testing.assert_close(torch.cat([o.decoder_hidden_states[layer] for o in steps], 1), hidden,
+                                   atol=ATOL, rtol=0)
+    assert full.logits[1, -1].abs().sum() > 0  # padded positions are computed, not zeros
+
+
+def test_decoding_reads_no_ids_back_per_step(monkeypatch):
+    """Only the ids a user passes are range-checked; a check per generated token would stall a GPU."""
+    import vanilla_transformer.modeling_vanilla_transformer as modeling
+
+    checked = []
+    original = modeling.check_token_ids
+    monkeypatch.setattr(modeling, "check_token_ids", lambda ids, name, *a, **k: checked.append(name) or
+                        original(ids, name, *a, **k))
+    model = tiny_model()
+    input_ids, attention_mask, _ = random_batch()
+    for beams in (1, 3):
+        checked.clear()
+        model.generate(input_ids=input_ids, attention_mask=attention_mask, max_new_tokens=10, min_new_tokens=10,
+                       num_beams=beams)
+        assert checked == ["input_ids"]
+    checked.clear()
+    model.generate(input_ids=input_ids, attention_mask=attention_mask, max_new_tokens=3,
+                   decoder_input_ids=torch.ones(3, 2, dtype=torch.long))
+    assert checked == ["decoder_input_ids", "input_ids"]
+
+
+# Bad input, found by trying it ------------------------------------------------------------------------
+
+@pytest.mark.parametrize("num_items_in_batch", [None, 0])
+def test_a_batch_without_labels_gives_a_zero_loss_and_zero_gradients(num_items_in_batch):
+    model = tiny_model(label_smoothing=0.1).train()
+    input_ids, attention_mask, labels = random_batch()
+    out = model(input_ids=input_ids, attention_mask=attention_mask, labels=torch.full_like(labels, -100),
+                num_items_in_batch=num_items_in_batch)
+    assert out.loss.item() == 0.0
+    out.loss.backward()
+    assert all(torch.equal(p.grad, torch.zeros_like(p)) for p in model.parameters() if p.grad is not None)
+
+
+@pytest.mark.parametrize("name", ["inputs_embeds", "decoder_inputs_embeds"])
+def test_inputs_embeds_of_the_wrong_width_name_the_argument_and_the_width(name):
+    model = tiny_model()
+    input_ids, attention_mask, labels = random_batch()
+    embeds = {"inputs_embeds": model.get_input_embeddings()(input_ids),
+              "decoder_inputs_embeds": model.get_input_embeddings()(labels)}
+    embeds[name] = embeds[name][..., :31]
+    with pytest.raises(ValueError, match=rf"`{name}` must have shape \(batch, length, d_model=32\), got \(3, \d, 31\)"):
+        model(attention_mask=attention_mask, **embeds)
+
+
+def test_a_decoder_batch_of_another_size_than_the_source_batch_is_refused():
+    model = tiny_model()
+    input_ids, attention_mask, _ = random_batch(batch=2)
+    with pytest.raises(ValueError, match="decoder inputs hold 4 sequences but the encoder output holds 2"):
+        model(input_ids=input_ids, attention_mask=attention_mask, labels=torch.randint(4, VOCAB, (4, 5)))

@@ -5,7 +5,7 @@ Importing the package registers the model with `AutoConfig`, `AutoModel` and `Au
 
 from transformers import AutoConfig, AutoModel, AutoModelForSeq2SeqLM
 
-from .configuration_vanilla_transformer import PRESETS, VanillaTransformerConfig
+from .configuration_vanilla_transformer import PRESETS, VanillaTransformerConfig, paper_generation_config
 from .modeling_vanilla_transformer import (
     VanillaTransformerForConditionalGeneration,
     VanillaTransformerModel,
@@ -33,6 +33,7 @@ register_translation_pipeline()
 
 __all__ = [
     "PRESETS",
+    "paper_generation_config",
     "VanillaTransformerConfig",
     "VanillaTransformerModel",
     "VanillaTransformerForConditionalGeneration",

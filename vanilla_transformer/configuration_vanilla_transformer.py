@@ -1,9 +1,11 @@
 """Configuration of the Transformer of Vaswani et al. (2017), "Attention Is All You Need".
 
-Field names follow BART/Marian so every Hugging Face tool and converter knows them. The defaults are
-the paper's base model (Table 3) with its shared 37k BPE vocabulary (§5.1).
+Field names follow BART/Marian so every Hugging Face tool and converter knows them. The defaults are the
+shape of the paper's base model (Table 3) with its shared 37k BPE vocabulary (§5.1); the presets add the
+paper's training choices, and `paper_generation_config` its decoding.
 """
 
+from transformers import GenerationConfig
 from transformers.activations import ACT2FN
 from transformers.configuration_utils import PreTrainedConfig
 
@@ -13,17 +15,34 @@ AUTO_MAP = {
     "AutoModelForSeq2SeqLM": "modeling_vanilla_transformer.VanillaTransformerForConditionalGeneration",
 }
 
-# Table 3 of the paper; `small` and `tiny` are ours, sized for a CPU.
+# Table 3 of the paper; `small` and `tiny` are ours, sized for a CPU. Every preset trains with the paper's
+# label smoothing, epsilon_ls = 0.1 (§5.4).
 PRESETS = {
     "base": dict(d_model=512, encoder_layers=6, decoder_layers=6, encoder_attention_heads=8,
-                 decoder_attention_heads=8, encoder_ffn_dim=2048, decoder_ffn_dim=2048, dropout=0.1),
+                 decoder_attention_heads=8, encoder_ffn_dim=2048, decoder_ffn_dim=2048, dropout=0.1,
+                 label_smoothing=0.1),
     "big": dict(d_model=1024, encoder_layers=6, decoder_layers=6, encoder_attention_heads=16,
-                decoder_attention_heads=16, encoder_ffn_dim=4096, decoder_ffn_dim=4096, dropout=0.3),
+                decoder_attention_heads=16, encoder_ffn_dim=4096, decoder_ffn_dim=4096, dropout=0.3,
+                label_smoothing=0.1),
     "small": dict(d_model=256, encoder_layers=3, decoder_layers=3, encoder_attention_heads=4,
-                  decoder_attention_heads=4, encoder_ffn_dim=1024, decoder_ffn_dim=1024, dropout=0.1),
+                  decoder_attention_heads=4, encoder_ffn_dim=1024, decoder_ffn_dim=1024, dropout=0.1,
+                  label_smoothing=0.1),
     "tiny": dict(d_model=64, encoder_layers=2, decoder_layers=2, encoder_attention_heads=4,
-                 decoder_attention_heads=4, encoder_ffn_dim=256, decoder_ffn_dim=256, dropout=0.1),
+                 decoder_attention_heads=4, encoder_ffn_dim=256, decoder_ffn_dim=256, dropout=0.1,
+                 label_smoothing=0.1),
 }
+
+# §6.1: "beam search with a beam size of 4 and length penalty alpha = 0.6 [GNMT's] ... maximum output length
+# to input length + 50". `length_penalty_type` and `max_new_tokens_over_input` are read by the model's generate().
+PAPER_DECODING = dict(num_beams=4, length_penalty=0.6, length_penalty_type="gnmt", max_new_tokens_over_input=50)
+
+
+def paper_generation_config(config: "VanillaTransformerConfig") -> GenerationConfig:
+    """The paper's decoding for a model of `config`: set it as `model.generation_config`, and it is saved with
+    the model (generation_config.json). A model without it decodes greedily, as every transformers model does."""
+    start = config.bos_token_id if config.decoder_start_token_id is None else config.decoder_start_token_id
+    return GenerationConfig(decoder_start_token_id=start, bos_token_id=config.bos_token_id,
+                            eos_token_id=config.eos_token_id, pad_token_id=config.pad_token_id, **PAPER_DECODING)
 
 
 class VanillaTransformerConfig(PreTrainedConfig):
@@ -52,14 +71,11 @@ class VanillaTransformerConfig(PreTrainedConfig):
     # §3.4: embeddings are multiplied by sqrt(d_model).
     scale_embedding: bool = True
     layer_norm_eps: float = 1e-5
-    # §5.4: label smoothing of 0.1, applied inside the model's loss so it works with any collator.
-    label_smoothing: float = 0.1
+    # §5.4's label smoothing, applied inside the model's loss so it works with any collator. 0 (plain
+    # cross-entropy, what every transformers tool expects of a loss) unless asked for; the presets ask for 0.1.
+    label_smoothing: float = 0.0
     # Standard deviation of the normal initialisation of every weight matrix (the paper does not say).
     init_std: float = 0.02
-    # Not in the paper, not in the results: layers other than attention skip padded positions (and decoder
-    # positions after the last label), which then read as zeros in the outputs. False computes them as well;
-    # None (default) skips them on the CPU only, where it was measured to pay (README, "Performance").
-    skip_padding: bool | None = None
     use_cache: bool = True
     is_encoder_decoder: bool = True
     tie_word_embeddings: bool = True
@@ -92,12 +108,10 @@ class VanillaTransformerConfig(PreTrainedConfig):
                 raise TypeError(f"`{name}` must be an int, got {value!r} ({type(value).__name__}).")
             if value <= 0:
                 raise ValueError(f"`{name}` must be positive, got {value}.")
-        for name in ["normalize_before", "scale_embedding", "skip_padding"]:
+        for name in ["normalize_before", "scale_embedding"]:
             value = getattr(self, name)
-            if not isinstance(value, bool) and not (name == "skip_padding" and value is None):
-                # the string "False" would silently read as true
-                allowed = "True, False or None" if name == "skip_padding" else "True or False"
-                raise TypeError(f"`{name}` must be {allowed}, got {value!r}.")
+            if not isinstance(value, bool):  # the string "False" would silently read as true
+                raise TypeError(f"`{name}` must be True or False, got {value!r}.")
         for heads in ["encoder_attention_heads", "decoder_attention_heads"]:
             if self.d_model % getattr(self, heads):
                 raise ValueError(
@@ -126,4 +140,4 @@ class VanillaTransformerConfig(PreTrainedConfig):
             raise ValueError("Set `decoder_start_token_id` (or `bos_token_id`): the decoder needs a first token.")
 
 
-__all__ = ["VanillaTransformerConfig", "PRESETS"]
+__all__ = ["VanillaTransformerConfig", "PRESETS", "PAPER_DECODING", "paper_generation_config"]
