@@ -4,11 +4,10 @@
 On a CUDA machine it measures, in a few minutes and installing nothing:
 
 1. attention agreement: logits of eager, SDPA and (when installed) flash-attention against fp32 eager on a
-   padded batch, plus SDPA forced onto its flash kernel on an unpadded batch (bf16); and, per implementation,
-   beams reading one copy of their source against copied sources (must agree to rounding);
+   padded batch, plus SDPA forced onto its flash kernel on an unpadded batch (bf16);
 2. the bf16 training step (autocast, fp32 master weights, fused AdamW: what Trainer --bf16 does) of the
    paper's base and big models: tokens/s, model TFLOP/s and model-FLOPs utilisation against a bf16 matmul
-   peak measured on the same card, peak memory, and the default against the other `skip_padding` choice;
+   peak measured on the same card, peak memory;
 3. beam search (beam 4, bf16 weights, fixed output length): tokens/s and peak memory;
 4. the same bf16 training step, ours vs MarianMTModel of the same shape, interleaved;
 5. the performance comparisons of scripts/benchmark.py on this device (fp32, interleaved): ours vs
@@ -107,31 +106,6 @@ def timed(fn, device, repeats: int, warmup: int) -> list[float]:
         sync(device)
         times.append(time.perf_counter() - start)
     return times
-
-
-# Beams reading one copy of their source vs copied sources, same weights and dtype: max |logit diff| allowed,
-# absolute in fp32, relative to the largest logit in bf16 (whose rounding alone moves logits by about 1%).
-GROUPED_TOLERANCE_FP32 = 1e-3
-GROUPED_TOLERANCE_BF16 = 0.05
-
-
-def padding_alternative(device) -> tuple[bool, str]:
-    """The `skip_padding` value that the default (None) does not pick on this device, and its label."""
-    from vanilla_transformer.modeling_vanilla_transformer import Padding
-
-    value = not Padding.applies(None, device)
-    return value, f"ours, skip_padding={value}"
-
-
-def with_skip_padding(config, value, fn):
-    def run():
-        saved = config.skip_padding
-        config.skip_padding = value
-        try:
-            fn()
-        finally:
-            config.skip_padding = saved
-    return run
 
 
 def padded_batch(batch, source_length, target_length, vocab_size, device, seed=0, pad=True):
@@ -256,30 +230,6 @@ def attention_agreement(device, s) -> dict:
                 out["unpadded"][f"{name}/bf16"] = f"error: {type(error).__name__}: {error}"[:300]
     out["unpadded"]["eager/bf16"] = (logits("eager", torch.bfloat16, full) - ref_full).abs().max().item()
 
-    # Beam search's layout: 2 decoder rows per source read one copy of it, which must equal copied sources.
-    out["grouped_vs_copied"] = {}
-    decoder_ids = reference.prepare_decoder_input_ids_from_labels(batch["labels"]).repeat_interleave(2, dim=0)
-    for impl in ["eager", "sdpa", *flash_implementations()]:
-        for dname, dtype in dtypes.items():
-            if impl.startswith("flash") and dtype == torch.float32:
-                continue
-            key = f"{impl}/{dname}"
-            try:
-                model = build_model(s["attention_preset"], s["vocab_size"], device, attn="eager", dropout=0.0).eval()
-                model.load_state_dict(state)
-                model = model.to(dtype)
-                model.set_attn_implementation(impl)
-                with torch.no_grad():
-                    encoded = model.get_encoder()(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"])
-                    copied = type(encoded)(last_hidden_state=encoded.last_hidden_state.repeat_interleave(2, dim=0))
-                    grouped = model(encoder_outputs=encoded, attention_mask=batch["attention_mask"],
-                                    decoder_input_ids=decoder_ids).logits.float()
-                    expected = model(encoder_outputs=copied,
-                                     attention_mask=batch["attention_mask"].repeat_interleave(2, dim=0),
-                                     decoder_input_ids=decoder_ids).logits.float()
-                out["grouped_vs_copied"][key] = (grouped - expected).abs().max().item()
-            except Exception as error:  # noqa: BLE001
-                out["grouped_vs_copied"][key] = f"error: {type(error).__name__}: {error}"[:300]
     return out
 
 
@@ -315,19 +265,15 @@ def train_step_throughput(device, preset, s, peak_tflops) -> dict:
     step = autocast_train_step(model, batch, optimizer, device, losses)
     times = timed(step, device, s["timed_steps"], s["warmup_steps"])
     step_s = statistics.median(times)
-    # The default against the other padding choice (see `Padding`), interleaved.
-    value, label = padding_alternative(device)
-    pair_ms = interleaved_ms({"default": step, label: with_skip_padding(model.config, value, step)}, device,
-                             s["timed_steps"], warmup=1)
     source_tokens = int(batch["attention_mask"].sum())
     target_tokens = int((batch["labels"] != -100).sum())
     source_width, target_width = batch["input_ids"].shape[1], batch["labels"].shape[1]
-    # Model FLOPs of the batch's tokens (the model skips the padding; see `token_counts`).
+    # Model FLOPs of the batch's tokens (the model computes the padding too; see `token_counts`).
     flops = training_flops(model.config, s["train_batch"], source_width, target_width, True, *token_counts(batch))
     result = {
         "preset": preset, "parameters": params, "batch": s["train_batch"], "source_width": source_width,
         "target_width": target_width, "source_tokens": source_tokens, "target_tokens": target_tokens,
-        "step_ms": step_s * 1e3, "step_ms_min": min(times) * 1e3, "padding_choice_ms": pair_ms,
+        "step_ms": step_s * 1e3, "step_ms_min": min(times) * 1e3,
         "tokens_per_s": (source_tokens + target_tokens) / step_s, "target_tokens_per_s": target_tokens / step_s,
         "model_tflops": flops / step_s / 1e12, "mfu": flops / step_s / 1e12 / peak_tflops if peak_tflops else None,
         "peak_memory_gib": peak_gib(device),
@@ -362,7 +308,7 @@ def beam_throughput(device, s) -> dict:
 
 def train_vs_marian_bf16(device, s) -> dict:
     """Ours vs MarianMTModel of the same shape at a training batch of real size (the bf16 section's), trained the
-    way Trainer --bf16 does: autocast, fp32 weights, fused AdamW. Interleaved; also ours computing its padding."""
+    way Trainer --bf16 does: autocast, fp32 weights, fused AdamW. Interleaved."""
     import torch
 
     from vanilla_transformer import benchmarking
@@ -381,14 +327,11 @@ def train_vs_marian_bf16(device, s) -> dict:
 
     steps = {name: train_step(model) for name, model in models.items()}
 
-    value, label = padding_alternative(device)
-    ms = interleaved_ms({**steps, label: with_skip_padding(config, value, steps["ours"])}, device,
-                        s["timed_steps"], s["warmup_steps"])
+    ms = interleaved_ms(steps, device, s["timed_steps"], s["warmup_steps"])
     del models, steps
     return {"preset": spec.preset, "batch": spec.batch_size, "source_width": batch["input_ids"].shape[1],
             "target_width": batch["labels"].shape[1], "tokens": benchmarking.token_counts(batch), "step_ms": ms,
-            "alternative": label, "speed_vs_marian": ms["marian"] / ms["ours"],
-            "alternative_speed_vs_marian": ms["marian"] / ms[label]}
+            "speed_vs_marian": ms["marian"] / ms["ours"]}
 
 
 def speed_vs_peers(device, s) -> dict:
@@ -414,8 +357,7 @@ def speed_vs_peers(device, s) -> dict:
     batch = {k: v.to(device) for k, v in benchmarking.training_batch(spec, config).items()}
     steps = {name: benchmarking.make_train_step(model, batch) for name, model in models.items()}
 
-    value, label = padding_alternative(device)
-    train = medians_ms({**steps, label: with_skip_padding(config, value, steps["ours"])}, p["repeats"])
+    train = medians_ms(steps, p["repeats"])
     result = {"preset": p["preset"], "vocab_size": p["vocab_size"], "targets": benchmarking.TARGETS,
               "train_ms": train, "train_speed_vs_marian": train["marian"] / train["ours"]}
     source = {k: v.to(device) for k, v in benchmarking.source_batch(spec, config, p["decode_batch"]).items()}
@@ -524,20 +466,20 @@ def render_markdown(report: dict) -> str:
     if attention:
         lines += [f"## Attention agreement ({attention['preset']}; max |logit − fp32 eager logit|, logits up to "
                   f"{attention['logit_scale']:.3g})", "", "| batch | implementation / dtype | max abs diff |", "| --- | --- | --- |"]
-        for kind in ("padded", "unpadded", "grouped_vs_copied"):
+        for kind in ("padded", "unpadded"):
             for name, value in attention.get(kind, {}).items():
                 lines.append(f"| {kind} | {name} | {_fmt(value)} |")
         lines.append("")
     rows = [v["result"] for k, v in report["sections"].items() if k.startswith("train_step_") and v.get("result")]
     if rows:
         lines += ["## bf16 training step (autocast, fused AdamW)", "",
-                  "| preset | params | batch (src×tgt width) | step ms | interleaved: default / other padding choice | tokens/s "
+                  "| preset | params | batch (src×tgt width) | step ms | tokens/s "
                   "| target tokens/s | model TFLOP/s | MFU | peak GiB |",
-                  "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
+                  "| --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
         for r in rows:
             mfu = "–" if r["mfu"] is None else f"{100 * r['mfu']:.1f}%"
             lines.append(f"| {r['preset']} | {r['parameters'] / 1e6:.1f}M | {r['batch']} ({r['source_width']}×{r['target_width']}) "
-                         f"| {r['step_ms']:.1f} | {' / '.join(f'{v:.1f}' for v in r['padding_choice_ms'].values())} | {r['tokens_per_s']:,.0f} | {r['target_tokens_per_s']:,.0f} "
+                         f"| {r['step_ms']:.1f} | {r['tokens_per_s']:,.0f} | {r['target_tokens_per_s']:,.0f} "
                          f"| {r['model_tflops']:.1f} | {mfu} | {_fmt(r['peak_memory_gib'])} |")
         lines.append("")
     beam = report["sections"].get("beam_search", {}).get("result")
@@ -552,10 +494,8 @@ def render_markdown(report: dict) -> str:
         ms = versus["step_ms"]
         lines += [f"## Training step vs MarianMTModel, bf16 autocast, fused AdamW ({versus['preset']}, batch "
                   f"{versus['batch']}, {versus['source_width']}×{versus['target_width']})", "",
-                  f"| ours ms | {versus['alternative']} ms | Marian ms | ours/Marian | {versus['alternative']}/Marian |",
-                  "| --- | --- | --- | --- | --- |",
-                  f"| {ms['ours']:.1f} | {ms[versus['alternative']]:.1f} | {ms['marian']:.1f} "
-                  f"| {versus['speed_vs_marian']:.2f}x | {versus['alternative_speed_vs_marian']:.2f}x |", ""]
+                  "| ours ms | Marian ms | ours/Marian |", "| --- | --- | --- |",
+                  f"| {ms['ours']:.1f} | {ms['marian']:.1f} | {versus['speed_vs_marian']:.2f}x |", ""]
     peers = report["sections"].get("speed_vs_peers", {}).get("result")
     if peers:
         t = peers["targets"]
@@ -652,15 +592,7 @@ def main(argv=None) -> int:
 
     report["environment"] = section("environment", environment, device) or {}
     peak = section("matmul_peak", matmul_peak, device, settings["matmul_size"], settings["matmul_repeats"])
-    attention = section("attention_agreement", attention_agreement, device, settings)
-    if attention is not None:
-        # Same weights, same dtype, two layouts of one computation: only rounding may separate them.
-        disagree = {k: v for k, v in attention["grouped_vs_copied"].items()
-                    if isinstance(v, str) or v > (GROUPED_TOLERANCE_FP32 if k.endswith("/fp32")
-                                                  else GROUPED_TOLERANCE_BF16 * attention["logit_scale"])}
-        if disagree:
-            report["sections"]["attention_agreement"]["ok"] = False
-            report["sections"]["attention_agreement"]["error"] = f"grouped beams differ from copied sources: {disagree}"
+    section("attention_agreement", attention_agreement, device, settings)
     for preset in settings["presets"]:
         result = section(f"train_step_{preset}", train_step_throughput, device, preset, settings,
                          peak["best_tflops"] if peak else None)

@@ -9,6 +9,7 @@ import pytest
 import torch
 from torch.overrides import TorchFunctionMode
 from torch.utils.flop_counter import FlopCounterMode
+from transformers.cache_utils import EncoderDecoderCache
 
 from vanilla_transformer.benchmarking import (
     AttentionFloor,
@@ -74,10 +75,9 @@ def test_textbook_decoder_matches_our_cached_decoding_on_shared_weights(spec, mo
 
 def test_training_flops_agree_with_torchs_flop_counter(spec, models):
     # torch's counter sees every matmul but not CPU attention kernels; ours without attention must match it.
-    # Marian computes the whole padded batch, ours only its tokens.
+    # Both models compute the whole padded batch.
     batch = training_batch(spec, models["ours"].config)
     shape = (*batch["input_ids"].shape, batch["labels"].shape[1])
-    tokens = {"ours": token_counts(batch), "marian": ()}
     assert token_counts(batch) == (int(batch["attention_mask"].sum()), int((batch["labels"] != -100).sum()))
     assert sum(token_counts(batch)) < batch["input_ids"].numel() + batch["labels"].numel()
     for name, model in models.items():
@@ -85,8 +85,8 @@ def test_training_flops_agree_with_torchs_flop_counter(spec, models):
         with FlopCounterMode(display=False) as counter:
             model(**batch).loss.backward()
         config = models["ours"].config
-        assert training_flops(config, *shape, False, *tokens[name]) == counter.get_total_flops(), name
-        assert training_flops(config, *shape, True, *tokens[name]) > counter.get_total_flops()
+        assert training_flops(config, *shape, False) == counter.get_total_flops(), name
+        assert training_flops(config, *shape, True) > counter.get_total_flops()
     assert training_flops(config, *shape, True, *token_counts(batch)) < training_flops(config, *shape)
     # The training floor runs exactly the step's matmuls, and updates copies of the weights, not the model's.
     ours = models["ours"]
@@ -104,8 +104,7 @@ def test_decoding_flops_agree_with_torchs_flop_counter(spec, models, num_beams):
     ours = models["ours"]
     source = source_batch(spec, ours.config, batch=3)
     shape = (ours.config, 3, source["input_ids"].shape[1], 5, num_beams)
-    source_tokens = int(source["attention_mask"].sum())
-    assert source_tokens < source["input_ids"].numel()  # ours skips the padding
+    source_tokens = source["input_ids"].numel()  # padding included, as both models compute it
     textbook = TextbookDecoder(ours)
     runs = {
         True: lambda: generate_fixed_length(ours, **source, new_tokens=5, num_beams=num_beams),
@@ -121,35 +120,38 @@ def test_decoding_flops_agree_with_torchs_flop_counter(spec, models, num_beams):
         ProjectionFloor(ours, 3, source["input_ids"].shape[1], 5, num_beams, source_tokens)()
     assert counter.get_total_flops() == decoding_flops(*shape, attention=False, source_tokens=source_tokens)
     assert decoding_flops(*shape, cached=False) > decoding_flops(*shape) > decoding_flops(*shape, source_tokens=1)
+    assert (source["attention_mask"] == 0).any()  # the padding was there to be computed
 
 
 @pytest.mark.parametrize("num_beams", [1, 4])
 def test_attention_floor_replays_exactly_the_attention_of_a_decoding_run(spec, models, num_beams):
     ours, new_tokens = models["ours"], 5
     config = ours.config
+    reorder = EncoderDecoderCache.reorder_cache
     source = source_batch(spec, config, batch=3)
     expected = generate_fixed_length(ours, **source, new_tokens=new_tokens, num_beams=num_beams)
     outputs = []
     floor = AttentionFloor(ours, lambda: outputs.append(generate_fixed_length(ours, **source, new_tokens=new_tokens,
                                                                              num_beams=num_beams)))
     assert torch.equal(outputs[0], expected)
-    # Recording left nothing behind: SDPA is torch's again, and the cache reorders through the class's method.
+    # Recording left nothing behind: SDPA is torch's again, and so is the caches' reordering.
     assert torch.nn.functional.scaled_dot_product_attention is torch._C._nn.scaled_dot_product_attention
-    assert "_reorder_cache" not in vars(ours)
+    assert EncoderDecoderCache.reorder_cache is reorder
 
     source_length, rows, heads = source["input_ids"].shape[1], 3 * num_beams, config.decoder_attention_heads
     head_dim = config.d_model // heads
     encoder = [((3, heads, source_length, head_dim),) * 3] * config.encoder_layers
     steps = [[((rows, heads, 1, head_dim), (rows, heads, t, head_dim), (rows, heads, t, head_dim)),  # self
-              ((3, heads, num_beams, head_dim), (3, heads, source_length, head_dim),  # cross: one source per sentence
-               (3, heads, source_length, head_dim))] * config.decoder_layers for t in range(1, new_tokens + 1)]
+              ((rows, heads, 1, head_dim), (rows, heads, source_length, head_dim),  # cross: a source copy per beam
+               (rows, heads, source_length, head_dim))] * config.decoder_layers for t in range(1, new_tokens + 1)]
     assert [tuple(map(tuple, call[:3])) for call in floor.calls] == encoder + [c for step in steps for c in step]
     # Source padding stays masked in the encoder and in cross-attention.
     assert (source["attention_mask"] == 0).any()
     cross = floor.calls[config.encoder_layers + 1::2]
     assert all(call[3] is not None for call in floor.calls[:config.encoder_layers] + cross)
-    # Beam search reorders every layer's self-attention cache after each step.
-    reorders = [[(rows, heads, t, head_dim)] * config.decoder_layers for t in range(1, new_tokens + 1)]
+    # Beam search reorders every layer's self- and cross-attention cache after each step.
+    reorders = [[(rows, heads, t, head_dim)] * config.decoder_layers
+                + [(rows, heads, source_length, head_dim)] * config.decoder_layers for t in range(1, new_tokens + 1)]
     assert [list(map(tuple, r)) for r in floor.reorders] == (reorders if num_beams > 1 else [])
 
     class Counting(TorchFunctionMode):

@@ -11,11 +11,13 @@ def test_defaults_are_the_papers_base_model():
     assert (config.d_model, config.encoder_layers, config.decoder_layers) == (512, 6, 6)
     assert (config.encoder_attention_heads, config.encoder_ffn_dim, config.dropout) == (8, 2048, 0.1)
     assert config.activation_function == "relu" and config.scale_embedding and not config.normalize_before
-    assert config.label_smoothing == 0.1 and config.tie_word_embeddings and config.is_encoder_decoder
+    assert config.tie_word_embeddings and config.is_encoder_decoder
+    assert config.label_smoothing == 0.0  # plain cross-entropy unless asked for: the presets ask
 
 
 def test_presets_match_table_3():
     base, big = VanillaTransformerConfig.from_preset("base"), VanillaTransformerConfig.from_preset("big")
+    assert all(VanillaTransformerConfig.from_preset(name).label_smoothing == 0.1 for name in PRESETS)  # §5.4
     assert (base.d_model, base.encoder_ffn_dim, base.encoder_attention_heads, base.dropout) == (512, 2048, 8, 0.1)
     assert (big.d_model, big.encoder_ffn_dim, big.encoder_attention_heads, big.dropout) == (1024, 4096, 16, 0.3)
     assert big.d_model // big.encoder_attention_heads == 64  # d_k = d_v = 64 in both
@@ -53,8 +55,7 @@ def test_generation_settings_stay_out_of_the_model_config():
         ("pad_token_id", 40000, ValueError),
         ("eos_token_id", -1, ValueError),
         ("layer_norm_eps", 0, ValueError),
-        ("skip_padding", "False", TypeError),  # a string would read as true
-        ("skip_padding", "auto", TypeError),  # None is the automatic choice
+        ("scale_embedding", "False", TypeError),  # a string would read as true
         ("normalize_before", 1, TypeError),
     ],
 )

@@ -230,15 +230,10 @@ def test_device_check_cpu_smoke_runs_every_section(tmp_path):
     agreement = sections["attention_agreement"]["result"]["padded"]
     assert agreement["eager/fp32"] == 0.0 and agreement["sdpa/fp32"] < 1e-4
     assert agreement["sdpa/bf16"] < 0.25 and agreement["eager/bf16"] < 0.25
-    grouped = sections["attention_agreement"]["result"]["grouped_vs_copied"]  # beams reading one source copy
-    assert set(grouped) >= {"eager/fp32", "eager/bf16", "sdpa/fp32", "sdpa/bf16"}
-    assert grouped["eager/fp32"] < 1e-5 and grouped["sdpa/fp32"] < 1e-5
     step = sections["train_step_tiny"]["result"]
     assert step["loss_finite"] and step["tokens_per_s"] > 0 and 0 < step["mfu"]
-    # The default (padding skipped on the CPU) against the other choice, here skip_padding=False.
-    assert set(step["padding_choice_ms"]) == {"default", "ours, skip_padding=False"}
     versus = sections["train_vs_marian_bf16"]["result"]
-    assert set(versus["step_ms"]) == {"ours", "marian", "ours, skip_padding=False"} and versus["speed_vs_marian"] > 0
+    assert set(versus["step_ms"]) == {"ours", "marian"} and versus["speed_vs_marian"] > 0
     assert sections["beam_search"]["result"]["output_shape"] == [2, 5]  # 4 new tokens after the start token
     peers = sections["speed_vs_peers"]["result"]  # the benchmark's comparisons, on the device
     assert peers["greedy_textbook_equals_ours"] and peers["beam_textbook_equals_ours"]

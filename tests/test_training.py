@@ -91,8 +91,8 @@ def test_bad_config_overrides_are_named(tmp_path):
 def test_config_overrides_read_json_and_pythons_constants():
     from vanilla_transformer.training import _parse_overrides
 
-    assert _parse_overrides("dropout=0.3,skip_padding=False,normalize_before=true,activation_function=gelu") == {
-        "dropout": 0.3, "skip_padding": False, "normalize_before": True, "activation_function": "gelu"}
+    assert _parse_overrides("dropout=0.3,scale_embedding=False,normalize_before=true,activation_function=gelu") == {
+        "dropout": 0.3, "scale_embedding": False, "normalize_before": True, "activation_function": "gelu"}
 
 
 def test_split_files_must_come_in_pairs(tmp_path):
@@ -116,19 +116,44 @@ def test_the_demo_runs_end_to_end_in_short_form(tmp_path, monkeypatch, capsys):
 
 
 def test_resume_true_picks_the_newest_complete_checkpoint(tmp_path):
+    from conftest import tiny_model
+
     from vanilla_transformer.training import resolve_checkpoint
 
-    for step, complete in ((2, True), (10, True), (12, False)):  # 12: killed mid-save, no trainer_state.json
+    tiny_model().save_pretrained(tmp_path / "weights")
+    weights = (tmp_path / "weights" / "model.safetensors").read_bytes()
+    # 12: killed before trainer_state.json; 14: killed while writing its weights.
+    for step, state, weight_bytes in ((2, True, weights), (10, True, weights), (12, False, weights),
+                                      (14, True, weights[: len(weights) // 2])):
         folder = tmp_path / f"checkpoint-{step}"
         folder.mkdir()
-        if complete:
+        (folder / "model.safetensors").write_bytes(weight_bytes)
+        if state:
             (folder / "trainer_state.json").write_text("{}")
     assert resolve_checkpoint("True", str(tmp_path)) == str(tmp_path / "checkpoint-10")
     assert resolve_checkpoint("last", str(tmp_path)) == str(tmp_path / "checkpoint-10")
     assert resolve_checkpoint(None, str(tmp_path)) is None
-    assert resolve_checkpoint("somewhere/checkpoint-3", str(tmp_path)) == "somewhere/checkpoint-3"
+    assert resolve_checkpoint(str(tmp_path / "checkpoint-2"), str(tmp_path)) == str(tmp_path / "checkpoint-2")
+    # A checkpoint named explicitly is taken as it is, or refused with its path when it cannot load.
+    with pytest.raises(ValueError, match=r"checkpoint-14.*(?i:incomplete|header)"):
+        resolve_checkpoint(str(tmp_path / "checkpoint-14"), str(tmp_path))
     # Two ranks: a checkpoint needs both ranks' RNG states to be complete.
     with pytest.raises(ValueError, match="no complete checkpoint"):
         resolve_checkpoint("true", str(tmp_path), world_size=2)
     with pytest.raises(ValueError, match="no complete checkpoint"):
         resolve_checkpoint("true", str(tmp_path / "empty"))
+
+
+def test_training_into_a_finished_run_is_refused_unless_asked(tmp_path):
+    from vanilla_transformer.training import check_output_dir_is_free
+
+    output = tmp_path / "run"
+    output.mkdir()
+    (output / "model.safetensors").write_bytes(b"a trained model")
+    parsed = parse(TINY_RUN + ["--output_dir", str(output)])
+    with pytest.raises(ValueError, match=rf"{output}.*--resume_from_checkpoint.*--overwrite_output_dir"):
+        run(*parsed)
+    assert (output / "model.safetensors").read_bytes() == b"a trained model"
+    for flags in (["--overwrite_output_dir"], ["--resume_from_checkpoint", "true"]):
+        check_output_dir_is_free(parse(TINY_RUN + ["--output_dir", str(output), *flags])[3])
+    check_output_dir_is_free(parse(TINY_RUN + ["--output_dir", str(tmp_path / "new")])[3])

@@ -73,6 +73,20 @@ def weight_files(folder: str | os.PathLike) -> dict[str, list[str]]:
     raise ValueError(f"{folder} holds no model weights ({SINGLE_FILE} or {INDEX_FILE}).")
 
 
+def check_weights(folder: str | os.PathLike) -> None:
+    """Raise a ValueError naming the file when one of a folder's safetensors files does not open, as a save
+    that was killed midway leaves it. Reads only the headers, which cover the file's whole length."""
+    folder = Path(folder)
+    if not folder.is_dir():
+        raise ValueError(f"{folder} is not a directory.")
+    for path in sorted(folder.glob("*.safetensors")):
+        try:
+            with safe_open(path, framework="pt"):
+                pass
+        except Exception as error:  # safetensors raises its own error type for every kind of damage
+            raise ValueError(f"{path} does not load ({error}).") from error
+
+
 def check_output_dir(output_dir: str | os.PathLike) -> Path:
     """Never overwrite what a user saved: the output folder must not exist, or be empty."""
     output_dir = Path(output_dir)
@@ -192,5 +206,6 @@ def _average_tensor(name: str, files: list, folders: list[Path]) -> torch.Tensor
     return (total / len(files)).to(reference.dtype).contiguous()
 
 
-__all__ = ["average_checkpoints", "last_checkpoints", "weight_files", "check_output_dir", "copy_side_files",
+__all__ = ["average_checkpoints", "last_checkpoints", "weight_files", "check_output_dir", "check_weights",
+           "copy_side_files",
            "SIDE_FILES", "TOKENIZER_FILES"]

@@ -24,7 +24,8 @@ from transformers import (
 
 from .batching import token_batch_train_dataloader
 from .builtin_task import build_builtin_task
-from .configuration_vanilla_transformer import VanillaTransformerConfig
+from .checkpoints import check_output_dir, check_weights
+from .configuration_vanilla_transformer import VanillaTransformerConfig, paper_generation_config
 from .data import load_parallel_data, load_parallel_text_files, tokenize_parallel
 from .hub import add_translation_pipeline, check_hub_folder
 from .metrics import build_compute_metrics, corpus_scores
@@ -99,6 +100,8 @@ class TranslationTrainingArguments(Seq2SeqTrainingArguments):
     report_to: None | str | list[str] = "tensorboard"
     logging_steps: float = 50
     save_total_limit: int | None = 5  # §6.1 averages the last 5 checkpoints (base)
+    overwrite_output_dir: bool = field(default=False, metadata={
+        "help": "Train from scratch into a non-empty --output_dir, replacing the run saved there."})
 
     def __post_init__(self):
         super().__post_init__()
@@ -199,6 +202,7 @@ def build_model(model_args: ModelArguments, recipe: RecipeArguments, tokenizer):
     kwargs = {"attn_implementation": model_args.attn_implementation} if model_args.attn_implementation else {}
     if model_args.model_name_or_path is not None:
         # Passed to from_pretrained so they reach the modules (dropout rates), not only the config object.
+        # The checkpoint's own generation config comes with it.
         return AutoModelForSeq2SeqLM.from_pretrained(model_args.model_name_or_path, **overrides, **kwargs)
     special = dict(pad_token_id=tokenizer.pad_token_id, bos_token_id=tokenizer.bos_token_id,
                    eos_token_id=tokenizer.eos_token_id, decoder_start_token_id=tokenizer.bos_token_id)
@@ -208,7 +212,21 @@ def build_model(model_args: ModelArguments, recipe: RecipeArguments, tokenizer):
     else:
         config = VanillaTransformerConfig.from_preset(model_args.preset, vocab_size=len(tokenizer), **special,
                                                       **overrides)
-    return VanillaTransformerForConditionalGeneration._from_config(config, **kwargs)
+    model = VanillaTransformerForConditionalGeneration._from_config(config, **kwargs)
+    model.generation_config = paper_generation_config(config)  # §6.1, saved with the trained model
+    return model
+
+
+def check_output_dir_is_free(args: TranslationTrainingArguments):
+    """A finished or interrupted run is never replaced silently: continue it or name another folder."""
+    if args.resume_from_checkpoint is not None or args.overwrite_output_dir:
+        return
+    try:
+        check_output_dir(args.output_dir)
+    except ValueError as error:
+        raise ValueError(f"{error} Training from scratch would overwrite the run saved there: continue it with "
+                         "--resume_from_checkpoint true (or a checkpoint folder), or pass --overwrite_output_dir "
+                         "to replace it.") from None
 
 
 def run(model_args: ModelArguments, data: DataArguments, recipe: RecipeArguments,
@@ -216,6 +234,7 @@ def run(model_args: ModelArguments, data: DataArguments, recipe: RecipeArguments
     """Train, evaluate BLEU on the test (else validation) split, save a Hub-ready folder; return the results."""
     if recipe.lr_scheduler not in ("noam", "trainer"):
         raise ValueError(f"--lr_scheduler must be 'noam' or 'trainer', got {recipe.lr_scheduler!r}.")
+    check_output_dir_is_free(args)
     raw = load_raw_splits(data)
     tokenizer = build_tokenizer(model_args, raw["train"], data)
     # Seed before the weights are drawn: Trainer seeds only later, and every rank must start from the same model.
@@ -292,18 +311,32 @@ def run(model_args: ModelArguments, data: DataArguments, recipe: RecipeArguments
 
 
 def resolve_checkpoint(resume: str | bool | None, output_dir: str, world_size: int = 1) -> str | None:
-    """--resume_from_checkpoint PATH as given; "true"/"last" means the newest *complete* checkpoint-N of
-    output_dir. Trainer writes checkpoints in place, so a run killed mid-save can leave a newer, partial one."""
+    """--resume_from_checkpoint PATH, checked; "true"/"last" means the newest *complete* checkpoint-N of
+    output_dir. Trainer writes checkpoints in place, so a run killed mid-save can leave a newer, partial one:
+    without its trainer state, without every rank's RNG state, or with weights that do not load."""
     if resume is None or resume is False or str(resume).lower() in ("false", "none", ""):
         return None
     if str(resume).lower() not in ("true", "last"):
+        try:
+            check_weights(resume)
+        except ValueError as error:
+            raise ValueError(f"--resume_from_checkpoint {resume} cannot be resumed from: {error}") from error
         return str(resume)
-    complete = [path for path in Path(output_dir).glob("checkpoint-*") if path.name.split("-")[-1].isdigit()
-                and (path / "trainer_state.json").is_file()
-                and (world_size == 1 or len(list(path.glob("rng_state_*.pth"))) >= world_size)]
-    if not complete:
-        raise ValueError(f"--resume_from_checkpoint {resume}: no complete checkpoint-N folder in {output_dir}.")
-    return str(max(complete, key=lambda path: int(path.name.split("-")[-1])))
+    candidates = sorted((path for path in Path(output_dir).glob("checkpoint-*") if path.name.split("-")[-1].isdigit()),
+                        key=lambda path: int(path.name.split("-")[-1]), reverse=True)
+    for path in candidates:
+        if not (path / "trainer_state.json").is_file():
+            logger.warning("Skipping %s: no trainer_state.json (written last, so the save was interrupted).", path)
+        elif world_size > 1 and len(list(path.glob("rng_state_*.pth"))) < world_size:
+            logger.warning("Skipping %s: it holds the RNG states of fewer than %d ranks.", path, world_size)
+        else:
+            try:
+                check_weights(path)
+            except ValueError as error:
+                logger.warning("Skipping %s: %s", path, error)
+                continue
+            return str(path)
+    raise ValueError(f"--resume_from_checkpoint {resume}: no complete checkpoint-N folder in {output_dir}.")
 
 
 def _dataset_name(data: DataArguments) -> str:
@@ -326,4 +359,4 @@ def evaluate_bleu(model, tokenizer, split, data: DataArguments, batch_size: int 
 
 
 __all__ = ["ModelArguments", "DataArguments", "RecipeArguments", "TranslationTrainingArguments", "PaperTrainer",
-           "run", "resolve_checkpoint", "evaluate_bleu", "load_raw_splits", "build_tokenizer", "build_model"]
+           "run", "resolve_checkpoint", "check_output_dir_is_free", "evaluate_bleu", "load_raw_splits", "build_tokenizer", "build_model"]
