@@ -2,9 +2,9 @@ from pathlib import Path
 
 from setuptools import find_packages, setup
 
-TRAIN = ["datasets>=3.0", "accelerate>=1.0", "evaluate>=0.4", "sacrebleu>=2.4", "tokenizers>=0.20",
+TRAIN = ["datasets>=3.0", "accelerate>=1.0", "evaluate>=0.4", "sacrebleu>=2.4", "tokenizers>=0.23",
          "matplotlib>=3.7", "tensorboard>=2.14", "tqdm>=4.60",
-         "jinja2>=3.1", "huggingface_hub>=1.0"]
+         "jinja2>=3.1"]
 
 setup(
     name="vanilla-transformer",
@@ -17,7 +17,7 @@ setup(
     packages=find_packages(include=["vanilla_transformer", "vanilla_transformer.*"]),
     python_requires=">=3.10",
     # transformers moves its internals between minor releases: CI tests the oldest and newest we declare.
-    install_requires=["torch>=2.4", "transformers>=5.23,<6", "safetensors>=0.4"],
+    install_requires=["torch>=2.6", "transformers>=5.23,<6", "safetensors>=0.8", "huggingface_hub>=1.31"],
     extras_require={"train": TRAIN, "dev": TRAIN + ["pytest>=8"]},
     classifiers=["Programming Language :: Python :: 3", "Topic :: Scientific/Engineering :: Artificial Intelligence"],
 )
