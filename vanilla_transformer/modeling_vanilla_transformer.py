@@ -1,10 +1,9 @@
 """The Transformer of Vaswani et al. (2017), "Attention Is All You Need", as a transformers model.
 
-The file follows section 3 of the paper top to bottom: positional encoding (§3.5), scaled dot-product and
-multi-head attention (§3.2), the position-wise feed-forward network (§3.3), the encoder and decoder stacks
-(§3.1) with shared, scaled embeddings (§3.4), and the model with its (optionally label-smoothed, §5.4) loss
-and the GNMT length penalty of its beam search (§6.1). It imports only torch, transformers and the standard
-library, because the Hub serves exactly this file to `trust_remote_code` users.
+Section 3 of the paper top to bottom: positional encoding (§3.5), scaled dot-product and multi-head attention
+(§3.2), the feed-forward network (§3.3), the encoder and decoder stacks (§3.1) with shared, scaled embeddings
+(§3.4), then the model with its loss (§5.4) and beam-search length penalty (§6.1). It imports only torch,
+transformers and the standard library: the Hub serves exactly this file to `trust_remote_code` users.
 """
 
 import dataclasses
@@ -21,12 +20,8 @@ from transformers.cache_utils import Cache, DynamicCache, EncoderDecoderCache
 from transformers.generation import GenerationMixin
 from transformers.masking_utils import create_bidirectional_mask, create_causal_mask
 from transformers.modeling_layers import GradientCheckpointingLayer
-from transformers.modeling_outputs import (
-    BaseModelOutput,
-    BaseModelOutputWithPastAndCrossAttentions,
-    Seq2SeqLMOutput,
-    Seq2SeqModelOutput,
-)
+from transformers.modeling_outputs import (BaseModelOutput, BaseModelOutputWithPastAndCrossAttentions, Seq2SeqLMOutput,
+                                           Seq2SeqModelOutput)
 from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS, PreTrainedModel
 from transformers.utils import can_return_tuple, logging
 from transformers.utils.deprecation import deprecate_kwarg
@@ -48,9 +43,9 @@ def accepts_past_key_values(forward):
 
     @functools.wraps(forward)
     def renamed(self, *args, past_key_values=None, **kwargs):
+        if past_key_values is not None and kwargs.get("cache") not in (None, past_key_values):
+            raise ValueError("Both `past_key_values` and `cache` are set: pass the key/value cache once.")
         if past_key_values is not None:
-            if kwargs.get("cache") is not None and kwargs["cache"] is not past_key_values:
-                raise ValueError("Both `past_key_values` and `cache` are set: pass the key/value cache once.")
             kwargs["cache"] = past_key_values
         return forward(self, *args, **kwargs)
 
@@ -59,14 +54,11 @@ def accepts_past_key_values(forward):
 
 def check_token_ids(ids: torch.Tensor, name: str, vocab_size: int, allow: int | None = None):
     """Bad ids fail here with their value, not as an index error deep inside torch (or a CUDA assert)."""
-    if not isinstance(ids, torch.Tensor):
-        raise TypeError(f"`{name}` must be a torch.Tensor of token ids, got {type(ids).__name__}.")
-    if ids.dtype.is_floating_point or ids.dtype.is_complex or ids.dtype == torch.bool:
-        raise TypeError(f"`{name}` must hold integer token ids, got dtype {ids.dtype}.")
-    if ids.dim() != 2:
-        raise ValueError(f"`{name}` must have shape (batch, length), got {tuple(ids.shape)}.")
-    if ids.numel() == 0:
-        raise ValueError(f"`{name}` is empty (shape {tuple(ids.shape)}): nothing to encode or decode.")
+    if not isinstance(ids, torch.Tensor) or ids.is_floating_point() or ids.is_complex() or ids.dtype == torch.bool:
+        got = f"dtype {ids.dtype}" if isinstance(ids, torch.Tensor) else type(ids).__name__
+        raise TypeError(f"`{name}` must be a tensor of integer token ids, got {got}.")
+    if ids.dim() != 2 or ids.numel() == 0:
+        raise ValueError(f"`{name}` must have a non-empty shape (batch, length), got {tuple(ids.shape)}.")
     if torch.compiler.is_compiling():  # reading values back would break the graph
         return
     bad = (ids < 0) | (ids >= vocab_size)
@@ -74,6 +66,12 @@ def check_token_ids(ids: torch.Tensor, name: str, vocab_size: int, allow: int | 
         bad &= ids != allow
     if bad.any():
         raise ValueError(f"`{name}` holds id {ids[bad][0].item()}, outside the vocabulary [0, {vocab_size}).")
+
+
+def check_mask(mask: torch.Tensor | None, name: str, shape: torch.Size):
+    """2-D masks must cover their sequences exactly (4-D masks, e.g. generate()'s for static caches, pass)."""
+    if mask is not None and mask.dim() == 2 and mask.shape != shape:
+        raise ValueError(f"`{name}` has shape {tuple(mask.shape)}, but its sequences have shape {tuple(shape)}.")
 
 
 def shift_tokens_right(labels: torch.Tensor, pad_token_id: int, decoder_start_token_id: int) -> torch.Tensor:
@@ -106,9 +104,9 @@ class ScaledEmbedding(nn.Embedding):
     """§3.4: "In the embedding layers, we multiply those weights by sqrt(d_model)". The scale belongs to the
     embedding module, so `get_input_embeddings()(ids)` gives exactly the `inputs_embeds` that `ids` give."""
 
-    def __init__(self, num_embeddings: int, embedding_dim: int, padding_idx: int | None, embed_scale: float):
-        super().__init__(num_embeddings, embedding_dim, padding_idx)
-        self.embed_scale = embed_scale
+    def __init__(self, config: VanillaTransformerConfig):
+        super().__init__(config.vocab_size, config.d_model, config.pad_token_id)
+        self.embed_scale = math.sqrt(config.d_model) if config.scale_embedding else 1.0
 
     def forward(self, input_ids: torch.Tensor) -> torch.Tensor:
         return super().forward(input_ids) * self.embed_scale
@@ -148,23 +146,20 @@ class VanillaTransformerAttention(nn.Module):
                 output_attentions: bool = False):
         is_cross = key_value_states is not None
         query = self._heads(self.q_proj(hidden_states))
-        layer_cache = cache
-        if isinstance(cache, EncoderDecoderCache):
-            layer_cache = cache.cross_attention_cache if is_cross else cache.self_attention_cache
-        if is_cross and isinstance(cache, EncoderDecoderCache) and cache.is_updated.get(self.layer_idx):
+        both = isinstance(cache, EncoderDecoderCache)  # self- and cross-attention caches
+        layer_cache = (cache.cross_attention_cache if is_cross else cache.self_attention_cache) if both else cache
+        if is_cross and both and cache.is_updated.get(self.layer_idx):
             # The source does not change while decoding: its keys and values are computed once.
-            key = layer_cache.layers[self.layer_idx].keys
-            value = layer_cache.layers[self.layer_idx].values
+            key, value = layer_cache.layers[self.layer_idx].keys, layer_cache.layers[self.layer_idx].values
         else:
             source = key_value_states if is_cross else hidden_states
             key, value = self._heads(self.k_proj(source)), self._heads(self.v_proj(source))
             if layer_cache is not None:
                 key, value = layer_cache.update(key, value, self.layer_idx)
-                if is_cross and isinstance(cache, EncoderDecoderCache):
+                if is_cross and both:
                     cache.is_updated[self.layer_idx] = True
-        attention: Callable = ALL_ATTENTION_FUNCTIONS.get_interface(
-            self.config._attn_implementation, eager_attention_forward
-        )
+        attention: Callable = ALL_ATTENTION_FUNCTIONS.get_interface(self.config._attn_implementation,
+                                                                    eager_attention_forward)
         # Backends that cannot return the weights (SDPA, flash) warn about `output_attentions` and return None.
         output, weights = attention(
             self, query, key, value, attention_mask,
@@ -214,10 +209,8 @@ class VanillaTransformerEncoderLayer(_ResidualLayer):
         self.final_layer_norm = nn.LayerNorm(config.d_model, eps=config.layer_norm_eps)
 
     def forward(self, hidden_states, attention_mask, output_attentions=False):
-        hidden_states, weights = self.residual(
-            hidden_states, self.self_attn_layer_norm,
-            lambda x: self.self_attn(x, attention_mask=attention_mask, output_attentions=output_attentions),
-        )
+        hidden_states, weights = self.residual(hidden_states, self.self_attn_layer_norm, lambda x: self.self_attn(
+            x, attention_mask=attention_mask, output_attentions=output_attentions))
         hidden_states, = self.residual(hidden_states, self.final_layer_norm, self.ffn)
         return hidden_states, weights
 
@@ -237,16 +230,10 @@ class VanillaTransformerDecoderLayer(_ResidualLayer):
 
     def forward(self, hidden_states, attention_mask, encoder_hidden_states, encoder_attention_mask, cache=None,
                 output_attentions=False):
-        hidden_states, self_weights = self.residual(
-            hidden_states, self.self_attn_layer_norm,
-            lambda x: self.self_attn(x, attention_mask=attention_mask, cache=cache,
-                                     output_attentions=output_attentions),
-        )
-        hidden_states, cross_weights = self.residual(
-            hidden_states, self.encoder_attn_layer_norm,
-            lambda x: self.encoder_attn(x, encoder_hidden_states, attention_mask=encoder_attention_mask, cache=cache,
-                                        output_attentions=output_attentions),
-        )
+        hidden_states, self_weights = self.residual(hidden_states, self.self_attn_layer_norm, lambda x: self.self_attn(
+            x, attention_mask=attention_mask, cache=cache, output_attentions=output_attentions))
+        hidden_states, cross_weights = self.residual(hidden_states, self.encoder_attn_layer_norm, lambda x: (
+            self.encoder_attn(x, encoder_hidden_states, encoder_attention_mask, cache, output_attentions)))
         hidden_states, = self.residual(hidden_states, self.final_layer_norm, self.ffn)
         return hidden_states, self_weights, cross_weights
 
@@ -265,8 +252,7 @@ class VanillaTransformerPreTrainedModel(PreTrainedModel):
     _can_compile_fullgraph = True
 
     def _init_weights(self, module):
-        # The paper leaves initialisation open. N(0, init_std) everywhere is the BART/Marian convention; the
-        # quality-parity report compares it with tensor2tensor's Xavier-uniform on Multi30k.
+        # The paper leaves initialisation open: N(0, init_std) everywhere, the BART/Marian convention.
         if isinstance(module, nn.Linear):
             init.normal_(module.weight, mean=0.0, std=self.config.init_std)
             if module.bias is not None:
@@ -287,8 +273,7 @@ class _Stack(VanillaTransformerPreTrainedModel):
 
     def __init__(self, config: VanillaTransformerConfig):
         super().__init__(config)
-        embed_scale = math.sqrt(config.d_model) if config.scale_embedding else 1.0
-        self.embed_tokens = ScaledEmbedding(config.vocab_size, config.d_model, config.pad_token_id, embed_scale)
+        self.embed_tokens = ScaledEmbedding(config)
         self.embed_positions = SinusoidalPositionalEncoding(config.d_model)
         # Pre-LN stacks end with a LayerNorm, since their residual stream is never normalised otherwise.
         self.layer_norm = nn.LayerNorm(config.d_model, eps=config.layer_norm_eps) if config.normalize_before else None
@@ -328,9 +313,7 @@ class VanillaTransformerEncoder(_Stack):
                 output_hidden_states=None, **kwargs) -> BaseModelOutput:
         output_attentions, output_hidden_states = self.output_flags(output_attentions, output_hidden_states)
         hidden_states = self.embed(input_ids, inputs_embeds)
-        if attention_mask is not None and attention_mask.dim() == 2 and attention_mask.shape != hidden_states.shape[:2]:
-            raise ValueError(f"`attention_mask` has shape {tuple(attention_mask.shape)}, but the source has shape "
-                             f"{tuple(hidden_states.shape[:2])}.")
+        check_mask(attention_mask, "attention_mask", hidden_states.shape[:2])
         mask = create_bidirectional_mask(self.config, hidden_states, attention_mask)
         all_hidden_states, all_attentions = (), ()
         for layer in self.layers:
@@ -339,11 +322,9 @@ class VanillaTransformerEncoder(_Stack):
             all_attentions += (weights,)
         if self.layer_norm is not None:
             hidden_states = self.layer_norm(hidden_states)
-        return BaseModelOutput(
-            last_hidden_state=hidden_states,
-            hidden_states=(*all_hidden_states, hidden_states) if output_hidden_states else None,
-            attentions=all_attentions if output_attentions else None,
-        )
+        return BaseModelOutput(last_hidden_state=hidden_states,
+                               attentions=all_attentions if output_attentions else None,
+                               hidden_states=(*all_hidden_states, hidden_states) if output_hidden_states else None)
 
 
 class VanillaTransformerDecoder(_Stack):
@@ -365,8 +346,7 @@ class VanillaTransformerDecoder(_Stack):
         if encoder_hidden_states is None:
             raise ValueError("The decoder attends to the encoder's output: pass `encoder_hidden_states`.")
         use_cache = self.config.use_cache if use_cache is None else use_cache
-        # Ids that continue a cache are the model's own output, checked at their source: reading them back at
-        # every decoding step would stall a GPU.
+        # Ids that continue a cache are the model's own output: reading them back at every step would stall a GPU.
         check_ids = cache is None
         checkpointing = getattr(self.layers[0], "gradient_checkpointing", False)
         if not use_cache or (self.training and torch.is_grad_enabled() and checkpointing):
@@ -379,17 +359,12 @@ class VanillaTransformerDecoder(_Stack):
         past_length = cache.get_seq_length() if cache is not None else 0
 
         hidden_states = self.embed(input_ids, inputs_embeds, past_length, check_ids)
-        rows, sources = hidden_states.shape[0], encoder_hidden_states.shape[0]
-        if rows != sources:
-            raise ValueError(f"The decoder inputs hold {rows} sequences but the encoder output holds {sources}: "
-                             "each target needs its own source (generate() copies sources for beams itself).")
-        if encoder_attention_mask is not None and encoder_attention_mask.dim() == 2 \
-                and encoder_attention_mask.shape != encoder_hidden_states.shape[:2]:
-            raise ValueError(f"The encoder `attention_mask` has shape {tuple(encoder_attention_mask.shape)}, but the "
-                             f"encoder output has shape {tuple(encoder_hidden_states.shape[:2])}.")
-        self_attention_cache = cache.self_attention_cache if cache is not None else None
-        # Positional: the parameter is `past_key_values` on 5.23 and `cache` on 5.24+.
-        causal_mask = create_causal_mask(self.config, hidden_states, attention_mask, self_attention_cache)
+        if hidden_states.shape[0] != encoder_hidden_states.shape[0]:
+            raise ValueError(f"The decoder inputs hold {hidden_states.shape[0]} sequences but the encoder output holds "
+                             f"{encoder_hidden_states.shape[0]}: each target needs its own source.")
+        check_mask(encoder_attention_mask, "attention_mask", encoder_hidden_states.shape[:2])
+        causal_mask = create_causal_mask(  # the cache goes in positionally: `past_key_values` on 5.23, `cache` on 5.24+
+            self.config, hidden_states, attention_mask, None if cache is None else cache.self_attention_cache)
         cross_mask = create_bidirectional_mask(
             self.config, hidden_states, encoder_attention_mask, encoder_hidden_states=encoder_hidden_states
         )
@@ -403,13 +378,10 @@ class VanillaTransformerDecoder(_Stack):
             all_cross_attentions += (cross_weights,)
         if self.layer_norm is not None:
             hidden_states = self.layer_norm(hidden_states)
+        attentions = (all_self_attentions, all_cross_attentions) if output_attentions else (None, None)
         return BaseModelOutputWithPastAndCrossAttentions(
-            last_hidden_state=hidden_states,
-            hidden_states=(*all_hidden_states, hidden_states) if output_hidden_states else None,
-            attentions=all_self_attentions if output_attentions else None,
-            cross_attentions=all_cross_attentions if output_attentions else None,
-            **{CACHE_FIELD: cache},
-        )
+            last_hidden_state=hidden_states, attentions=attentions[0], cross_attentions=attentions[1],
+            hidden_states=(*all_hidden_states, hidden_states) if output_hidden_states else None, **{CACHE_FIELD: cache})
 
 
 class VanillaTransformerModel(VanillaTransformerPreTrainedModel):
@@ -419,8 +391,7 @@ class VanillaTransformerModel(VanillaTransformerPreTrainedModel):
 
     def __init__(self, config: VanillaTransformerConfig):
         super().__init__(config)
-        embed_scale = math.sqrt(config.d_model) if config.scale_embedding else 1.0
-        self.shared = ScaledEmbedding(config.vocab_size, config.d_model, config.pad_token_id, embed_scale)
+        self.shared = ScaledEmbedding(config)
         self.encoder = VanillaTransformerEncoder(config)
         self.decoder = VanillaTransformerDecoder(config)
         self.post_init()
@@ -441,12 +412,8 @@ class VanillaTransformerModel(VanillaTransformerPreTrainedModel):
                 input_ids=input_ids, attention_mask=attention_mask, inputs_embeds=inputs_embeds,
                 output_attentions=output_attentions, output_hidden_states=output_hidden_states,
             )
-        elif not isinstance(encoder_outputs, BaseModelOutput):
-            encoder_outputs = BaseModelOutput(
-                last_hidden_state=encoder_outputs[0],
-                hidden_states=encoder_outputs[1] if len(encoder_outputs) > 1 else None,
-                attentions=encoder_outputs[2] if len(encoder_outputs) > 2 else None,
-            )
+        elif not isinstance(encoder_outputs, BaseModelOutput):  # a tuple: (last_hidden_state, hidden_states, ...)
+            encoder_outputs = BaseModelOutput(*encoder_outputs)
         decoder_outputs = self.decoder(
             input_ids=decoder_input_ids, attention_mask=decoder_attention_mask,
             encoder_hidden_states=encoder_outputs.last_hidden_state, encoder_attention_mask=attention_mask,
@@ -454,24 +421,18 @@ class VanillaTransformerModel(VanillaTransformerPreTrainedModel):
             output_hidden_states=output_hidden_states, cache=cache,
         )
         return Seq2SeqModelOutput(
-            last_hidden_state=decoder_outputs.last_hidden_state,
-            decoder_hidden_states=decoder_outputs.hidden_states,
-            decoder_attentions=decoder_outputs.attentions,
-            cross_attentions=decoder_outputs.cross_attentions,
+            last_hidden_state=decoder_outputs.last_hidden_state, decoder_hidden_states=decoder_outputs.hidden_states,
+            decoder_attentions=decoder_outputs.attentions, cross_attentions=decoder_outputs.cross_attentions,
             encoder_last_hidden_state=encoder_outputs.last_hidden_state,
-            encoder_hidden_states=encoder_outputs.hidden_states,
-            encoder_attentions=encoder_outputs.attentions,
+            encoder_hidden_states=encoder_outputs.hidden_states, encoder_attentions=encoder_outputs.attentions,
             **{CACHE_FIELD: getattr(decoder_outputs, CACHE_FIELD)},
         )
 
 
 class VanillaTransformerForConditionalGeneration(VanillaTransformerPreTrainedModel, GenerationMixin):
-    """The full model: the decoder's output through the shared embedding matrix (§3.4) and a softmax.
-
-    A new model decodes as every transformers model does (greedy, from its config's special tokens); the
-    paper's beam search (§6.1) is `paper_generation_config()`, which the presets' models, `scripts/train.py`
-    and the checkpoints it saves carry in their generation config.
-    """
+    """The full model: the decoder's output through the shared embedding matrix (§3.4) and a softmax. A new model
+    decodes greedily, as every transformers model does; `from_preset` and trained checkpoints carry the paper's
+    beam search (`paper_generation_config()`) in their generation config."""
 
     _tied_weights_keys = {"lm_head.weight": "model.shared.weight"}
 
@@ -505,10 +466,6 @@ class VanillaTransformerForConditionalGeneration(VanillaTransformerPreTrainedMod
             use_cache = False
             if decoder_input_ids is None and decoder_inputs_embeds is None:
                 decoder_input_ids = self.prepare_decoder_input_ids_from_labels(labels)
-            decoder_inputs = decoder_input_ids if decoder_input_ids is not None else decoder_inputs_embeds
-            if labels.shape != decoder_inputs.shape[:2]:
-                raise ValueError(f"`labels` has shape {tuple(labels.shape)}, but the decoder inputs have shape "
-                                 f"{tuple(decoder_inputs.shape[:2])}.")
         outputs = self.model(
             input_ids=input_ids, attention_mask=attention_mask, decoder_input_ids=decoder_input_ids,
             decoder_attention_mask=decoder_attention_mask, encoder_outputs=encoder_outputs,
@@ -518,27 +475,20 @@ class VanillaTransformerForConditionalGeneration(VanillaTransformerPreTrainedMod
         logits = self.lm_head(outputs.last_hidden_state)
         loss = None if labels is None else self.label_smoothed_loss(logits, labels, num_items_in_batch)
         return Seq2SeqLMOutput(
-            loss=loss,
-            logits=logits,
-            decoder_hidden_states=outputs.decoder_hidden_states,
-            decoder_attentions=outputs.decoder_attentions,
-            cross_attentions=outputs.cross_attentions,
+            loss=loss, logits=logits, decoder_hidden_states=outputs.decoder_hidden_states,
+            decoder_attentions=outputs.decoder_attentions, cross_attentions=outputs.cross_attentions,
             encoder_last_hidden_state=outputs.encoder_last_hidden_state,
-            encoder_hidden_states=outputs.encoder_hidden_states,
-            encoder_attentions=outputs.encoder_attentions,
+            encoder_hidden_states=outputs.encoder_hidden_states, encoder_attentions=outputs.encoder_attentions,
             **{CACHE_FIELD: getattr(outputs, CACHE_FIELD)},
         )
 
     def label_smoothed_loss(self, logits, labels, num_items_in_batch=None):
-        """Cross-entropy over the non-(-100) labels in float32, label-smoothed by `config.label_smoothing`
-        (§5.4; 0, plain cross-entropy, unless asked for).
-
-        The sum is divided by the number of labels, or by `num_items_in_batch` (sent by Trainer: the label count
-        of the whole optimizer step, so gradient accumulation and data parallelism train exactly like one large
-        batch). A batch without labels gives 0 and zero gradients, not 0 / 0.
-        """
+        """Cross-entropy over the non-(-100) labels in float32, label-smoothed by `config.label_smoothing` (§5.4),
+        summed and divided by the label count, or by Trainer's `num_items_in_batch` (the whole optimizer step's,
+        so accumulation and data parallelism train like one large batch). No labels give 0, not 0 / 0."""
         if labels.shape != logits.shape[:-1]:
-            raise ValueError(f"`labels` has shape {tuple(labels.shape)}, but the logits have shape {tuple(logits.shape)}.")
+            raise ValueError(f"`labels` has shape {tuple(labels.shape)}, but the decoder inputs have shape "
+                             f"{tuple(logits.shape[:-1])}.")
         labels = labels.to(logits.device)
         total = F.cross_entropy(logits.float().flatten(0, -2), labels.flatten(), ignore_index=-100, reduction="sum",
                                 label_smoothing=self.config.label_smoothing)
@@ -546,13 +496,12 @@ class VanillaTransformerForConditionalGeneration(VanillaTransformerPreTrainedMod
         return total / torch.as_tensor(count, device=total.device).clamp(min=1)
 
     def generate(self, inputs=None, generation_config=None, **kwargs):
-        """generate() with two options of the paper's beam search (§6.1), read from the generation config or
-        passed to generate() directly (`paper_generation_config()` sets both):
+        """generate() with two options of the paper's beam search (§6.1), from the generation config (as
+        `paper_generation_config()` sets them) or passed directly:
 
         - `max_new_tokens_over_input=50`: when no length is asked for, decode at most source length + 50 tokens;
-        - `length_penalty_type="gnmt"`: beam hypotheses are ranked by log P(Y) / lp(Y) with the GNMT penalty
-          lp(Y) = ((5 + |Y|) / 6)^alpha (Wu et al., 2016), alpha = `length_penalty`; "hf" (the default) keeps
-          transformers' |Y|^alpha.
+        - `length_penalty_type="gnmt"`: rank beam hypotheses by log P(Y) / ((5 + |Y|) / 6)^alpha, GNMT's penalty
+          (Wu et al., 2016); "hf" (the default) keeps transformers' log P(Y) / |Y|^alpha.
         """
         config = self.generation_config if generation_config is None else generation_config
         penalty_type = kwargs.pop("length_penalty_type", getattr(config, "length_penalty_type", "hf"))
@@ -561,11 +510,10 @@ class VanillaTransformerForConditionalGeneration(VanillaTransformerPreTrainedMod
         offset = kwargs.pop("max_new_tokens_over_input", getattr(config, "max_new_tokens_over_input", None))
         lengths_given = kwargs.get("max_length") is not None or kwargs.get("max_new_tokens") is not None
         if offset is not None and not lengths_given and config.max_length is None and config.max_new_tokens is None:
-            source = inputs if inputs is not None else kwargs.get("input_ids", kwargs.get("inputs_embeds"))
-            if source is None and kwargs.get("encoder_outputs") is not None:
-                source = kwargs["encoder_outputs"][0]
-            if source is not None:
-                # A padded batch shares one budget, set by its longest source.
+            encoded = kwargs.get("encoder_outputs")
+            sources = (inputs, kwargs.get("input_ids"), kwargs.get("inputs_embeds"), encoded and encoded[0])
+            source = next((x for x in sources if x is not None), None)
+            if source is not None:  # a padded batch shares one budget, set by its longest source
                 kwargs["max_new_tokens"] = source.shape[1] + offset
         if kwargs.get("decoder_input_ids") is not None:  # the decoder checks no ids while it continues a cache
             check_token_ids(kwargs["decoder_input_ids"], "decoder_input_ids", self.config.vocab_size)
@@ -598,11 +546,5 @@ def _gnmt_exponent(length: int, alpha: float) -> float:
     return alpha if length <= 1 else alpha * math.log((5 + length) / 6) / math.log(length)
 
 
-__all__ = [
-    "VanillaTransformerPreTrainedModel",
-    "VanillaTransformerModel",
-    "VanillaTransformerForConditionalGeneration",
-    "SinusoidalPositionalEncoding",
-    "ScaledEmbedding",
-    "shift_tokens_right",
-]
+__all__ = ["VanillaTransformerPreTrainedModel", "VanillaTransformerModel", "VanillaTransformerForConditionalGeneration",
+           "SinusoidalPositionalEncoding", "ScaledEmbedding", "shift_tokens_right"]
