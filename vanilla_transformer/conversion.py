@@ -104,6 +104,13 @@ def state_dict_from_marian(state_dict: dict[str, torch.Tensor], d_model: int) ->
     return converted
 
 
+def state_dict_to_marian(state_dict: dict[str, torch.Tensor], d_model: int) -> dict[str, torch.Tensor]:
+    """The inverse of `state_dict_from_marian`: our tensors under Marian's names, the residual stream unpermuted
+    (Marian's position tables and zero logits bias are buffers it computes itself)."""
+    inverse = torch.argsort(residual_permutation(d_model))
+    return {name.replace(".ffn.fc", ".fc"): _permute(name, tensor, inverse) for name, tensor in state_dict.items()}
+
+
 def _permute(name: str, tensor: torch.Tensor, permutation: torch.Tensor) -> torch.Tensor:
     reads_stream = ("shared.weight", "embed_tokens.weight", "lm_head.weight",
                     "q_proj.weight", "k_proj.weight", "v_proj.weight", "fc1.weight")
@@ -149,4 +156,5 @@ def convert_marian(marian: MarianMTModel | str | os.PathLike, output_dir: str | 
     return model
 
 
-__all__ = ["marian_config_like", "convert_marian", "config_from_marian", "state_dict_from_marian", "residual_permutation"]
+__all__ = ["marian_config_like", "convert_marian", "config_from_marian", "state_dict_from_marian", "state_dict_to_marian",
+           "residual_permutation"]

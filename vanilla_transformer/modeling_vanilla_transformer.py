@@ -30,8 +30,7 @@ from .configuration_vanilla_transformer import VanillaTransformerConfig, paper_g
 
 logger = logging.get_logger(__name__)
 
-# transformers 5.24 renamed the key/value cache, as argument and as output field, from `past_key_values` to
-# `cache`; detecting the field keeps one file correct on 5.23 and 5.24+.
+# transformers 5.24 renamed the key/value cache (argument and output field) `past_key_values` -> `cache`.
 CACHE_FIELD = "cache" if "cache" in {f.name for f in dataclasses.fields(Seq2SeqLMOutput)} else "past_key_values"
 
 
@@ -72,6 +71,20 @@ def check_mask(mask: torch.Tensor | None, name: str, shape: torch.Size):
     """2-D masks must cover their sequences exactly (4-D masks, e.g. generate()'s for static caches, pass)."""
     if mask is not None and mask.dim() == 2 and mask.shape != shape:
         raise ValueError(f"`{name}` has shape {tuple(mask.shape)}, but its sequences have shape {tuple(shape)}.")
+
+
+def label_smoothed_cross_entropy(logits, labels, label_smoothing: float = 0.0, num_items_in_batch=None):
+    """§5.4: cross-entropy over the non-(-100) labels in float32, smoothed by `label_smoothing`, summed and divided
+    by the label count, or by Trainer's `num_items_in_batch` (the whole optimizer step's, so accumulation and data
+    parallelism train like one large batch). No labels give 0 and zero gradients, not 0 / 0."""
+    if labels.shape != logits.shape[:-1]:
+        raise ValueError(f"`labels` has shape {tuple(labels.shape)}, but the decoder inputs have shape "
+                         f"{tuple(logits.shape[:-1])}.")
+    labels = labels.to(logits.device)
+    total = F.cross_entropy(logits.float().flatten(0, -2), labels.flatten(), ignore_index=-100, reduction="sum",
+                            label_smoothing=label_smoothing)
+    count = (labels != -100).sum() if num_items_in_batch is None else num_items_in_batch
+    return total / torch.as_tensor(count, device=total.device).clamp(min=1)
 
 
 def shift_tokens_right(labels: torch.Tensor, pad_token_id: int, decoder_start_token_id: int) -> torch.Tensor:
@@ -451,9 +464,8 @@ class VanillaTransformerForConditionalGeneration(VanillaTransformerPreTrainedMod
         return model
 
     def prepare_decoder_input_ids_from_labels(self, labels: torch.Tensor) -> torch.Tensor:
-        start = self.config.decoder_start_token_id
-        start = self.config.bos_token_id if start is None else start
-        return shift_tokens_right(labels, self.config.pad_token_id, start)
+        start, bos = self.config.decoder_start_token_id, self.config.bos_token_id
+        return shift_tokens_right(labels, self.config.pad_token_id, bos if start is None else start)
 
     @can_return_tuple
     @accepts_past_key_values
@@ -473,7 +485,8 @@ class VanillaTransformerForConditionalGeneration(VanillaTransformerPreTrainedMod
             output_attentions=output_attentions, output_hidden_states=output_hidden_states, cache=cache,
         )
         logits = self.lm_head(outputs.last_hidden_state)
-        loss = None if labels is None else self.label_smoothed_loss(logits, labels, num_items_in_batch)
+        loss = None if labels is None else label_smoothed_cross_entropy(
+            logits, labels, self.config.label_smoothing, num_items_in_batch)
         return Seq2SeqLMOutput(
             loss=loss, logits=logits, decoder_hidden_states=outputs.decoder_hidden_states,
             decoder_attentions=outputs.decoder_attentions, cross_attentions=outputs.cross_attentions,
@@ -481,19 +494,6 @@ class VanillaTransformerForConditionalGeneration(VanillaTransformerPreTrainedMod
             encoder_hidden_states=outputs.encoder_hidden_states, encoder_attentions=outputs.encoder_attentions,
             **{CACHE_FIELD: getattr(outputs, CACHE_FIELD)},
         )
-
-    def label_smoothed_loss(self, logits, labels, num_items_in_batch=None):
-        """Cross-entropy over the non-(-100) labels in float32, label-smoothed by `config.label_smoothing` (§5.4),
-        summed and divided by the label count, or by Trainer's `num_items_in_batch` (the whole optimizer step's,
-        so accumulation and data parallelism train like one large batch). No labels give 0, not 0 / 0."""
-        if labels.shape != logits.shape[:-1]:
-            raise ValueError(f"`labels` has shape {tuple(labels.shape)}, but the decoder inputs have shape "
-                             f"{tuple(logits.shape[:-1])}.")
-        labels = labels.to(logits.device)
-        total = F.cross_entropy(logits.float().flatten(0, -2), labels.flatten(), ignore_index=-100, reduction="sum",
-                                label_smoothing=self.config.label_smoothing)
-        count = (labels != -100).sum() if num_items_in_batch is None else num_items_in_batch
-        return total / torch.as_tensor(count, device=total.device).clamp(min=1)
 
     def generate(self, inputs=None, generation_config=None, **kwargs):
         """generate() with two options of the paper's beam search (§6.1), from the generation config (as
@@ -547,4 +547,4 @@ def _gnmt_exponent(length: int, alpha: float) -> float:
 
 
 __all__ = ["VanillaTransformerPreTrainedModel", "VanillaTransformerModel", "VanillaTransformerForConditionalGeneration",
-           "SinusoidalPositionalEncoding", "ScaledEmbedding", "shift_tokens_right"]
+           "SinusoidalPositionalEncoding", "ScaledEmbedding", "label_smoothed_cross_entropy", "shift_tokens_right"]

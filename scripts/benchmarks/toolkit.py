@@ -1,0 +1,129 @@
+"""What every measurement here shares: one timer, one matmul peak, one environment report, one report writer,
+and the Multi30k data that the quality and batching runs read.
+
+The scripts beside this file import it by name (`import toolkit`): Python puts a script's own folder first on
+its path, and the tests add this folder to theirs.
+"""
+
+from __future__ import annotations
+
+import gc
+import json
+import os
+import platform
+import statistics
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import torch
+import transformers
+
+
+
+def synchronize(device: torch.device | str | None) -> None:
+    """Wait for the device's queued kernels (GPU timings are otherwise only the launch)."""
+    if device is not None and torch.device(device).type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def time_interleaved(tasks: dict[str, Callable], repeats: int, warmup: int = 1,
+                     device: torch.device | str | None = None) -> dict[str, list[float]]:
+    """Seconds per call of each task. Every repetition runs every task once; the order alternates between
+    repetitions so that neither slot (first, or right after a competitor) favours one system. On a GPU each
+    call is waited for."""
+    names = list(tasks)
+    times = {name: [] for name in names}
+    for rep in range(warmup + repeats):
+        for name in names if rep % 2 == 0 else names[::-1]:
+            gc.collect()
+            synchronize(device)
+            start = time.perf_counter()
+            tasks[name]()
+            synchronize(device)
+            if rep >= warmup:
+                times[name].append(time.perf_counter() - start)
+    return times
+
+
+def median_ms(tasks: dict[str, Callable], repeats: int, warmup: int = 1, device=None) -> dict[str, float]:
+    """`time_interleaved`'s medians, in milliseconds."""
+    return {name: statistics.median(ts) * 1e3 for name, ts in time_interleaved(tasks, repeats, warmup, device).items()}
+
+
+def matmul_peak(size: int, repeats: int = 5, device: torch.device | str = "cpu",
+                dtype: torch.dtype = torch.float32) -> dict:
+    """The practical matmul peak of the machine at hand: (size x size) @ (size x size), best and median of
+    `repeats`, in FLOP/s. The denominator of model-FLOPs utilisation."""
+    a = torch.randn(size, size, device=device, dtype=dtype)
+    b = torch.randn(size, size, device=device, dtype=dtype)
+    times = time_interleaved({"mm": lambda: torch.mm(a, b)}, repeats, warmup=2, device=device)["mm"]
+    flops = 2 * size**3
+    return {"size": size, "dtype": str(dtype).removeprefix("torch."), "flops": flops / min(times),
+            "median_flops": flops / statistics.median(times)}
+
+
+def environment(device: torch.device | str | None = None) -> dict:
+    """Versions, processor or GPU, threads and how busy the machine was: what a reader needs to trust a time."""
+    cpu = platform.processor() or platform.machine()
+    try:
+        with open("/proc/cpuinfo") as info:
+            cpu = next(line.split(":", 1)[1].strip() for line in info if line.startswith("model name"))
+    except (OSError, StopIteration):
+        pass
+    info = {"python": platform.python_version(), "torch": torch.__version__, "cuda_build": torch.version.cuda,
+            "transformers": transformers.__version__, "cpu": cpu,
+            "cores_available": len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count(),
+            "torch_threads": torch.get_num_threads(), "torch_interop_threads": torch.get_num_interop_threads(),
+            "omp_wait_policy": os.environ.get("OMP_WAIT_POLICY"),
+            # Other processes on the cores inflate and scatter the times; record how busy the machine was.
+            "load_average_at_start": list(os.getloadavg()) if hasattr(os, "getloadavg") else None}
+    if device is not None and torch.device(device).type == "cuda":
+        props = torch.cuda.get_device_properties(device)
+        info.update(device=str(device), gpu=props.name, capability=f"{props.major}.{props.minor}",
+                    gpu_memory_gib=props.total_memory / 2**30, multiprocessors=props.multi_processor_count,
+                    bf16_supported=torch.cuda.is_bf16_supported())
+    return info
+
+
+def write_report(stem: str | Path, results: dict, markdown: str) -> dict[str, Path]:
+    """`stem`.json (every number) and `stem`.md (the report a person reads)."""
+    stem = Path(stem)
+    stem.parent.mkdir(parents=True, exist_ok=True)
+    paths = {"json": stem.with_name(stem.name + ".json"), "md": stem.with_name(stem.name + ".md")}
+    paths["json"].write_text(json.dumps(results, indent=2, default=str) + "\n")
+    paths["md"].write_text(markdown)
+    return paths
+
+
+def multi30k_missing(data_dir) -> str | None:
+    """Why Multi30k cannot be used from `data_dir`, or None when train and val are both there."""
+    missing = [name for name in ("train.en", "train.de", "val.en", "val.de") if not Path(data_dir, name).is_file()]
+    if missing:
+        return (f"Multi30k not found: {', '.join(missing)} missing in {Path(data_dir).resolve()} (it is research-use "
+                f"data kept outside the repository, at ../shared/data/multi30k/)")
+    return None
+
+
+def load_multi30k(data_dir, source_lang: str = "en", target_lang: str = "de"):
+    from datasets import DatasetDict
+
+    from vanilla_transformer.data import load_parallel_text_files
+
+    reason = multi30k_missing(data_dir)
+    if reason:
+        raise FileNotFoundError(reason)
+
+    def split(name):
+        source, target = (Path(data_dir, f"{name}.{lang}") for lang in (source_lang, target_lang))
+        return load_parallel_text_files(source, target, source_lang, target_lang)
+
+    return DatasetDict({"train": split("train"), "validation": split("val")})
+
+
+def shared_tokenizer_for(raw, vocab_size: int, max_length: int = 128):
+    """The shared BPE of `scripts/train.py`, trained on both sides of the training split."""
+    from vanilla_transformer.tokenization import train_shared_tokenizer
+
+    texts = [pair[lang] for pair in raw["train"]["translation"] for lang in pair]
+    return train_shared_tokenizer(texts, vocab_size=vocab_size, model_max_length=max_length, show_progress=False)
