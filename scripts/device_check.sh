@@ -1,10 +1,10 @@
 #!/usr/bin/env bash
 # GPU check of vanilla_transformer: attention agreement, bf16 training throughput and MFU (base, big),
 # beam-search throughput, peak memory, speed against MarianMTModel and the textbook decoder (the benchmark's
-# comparisons), and a short bf16 training run. Logic: scripts/device_check.py.
+# comparisons), and a short bf16 training run. Logic: scripts/benchmarks/device_check.py.
 #
 #   scripts/device_check.sh                 # on a CUDA machine; < 8 minutes; results in $OUT or device_check_out/
-#   scripts/device_check.sh --cpu-smoke     # the same code, tiny sizes, on the CPU (< 60 s; for tests)
+#   scripts/device_check.sh --cpu_smoke     # the same code, tiny sizes, on the CPU (< 60 s; for tests)
 #
 # Installs nothing. Python: $PYTHON, else .venv/bin/python when present, else python3. The package is used
 # from this checkout (PYTHONPATH), installed or not. When that Python's transformers is missing or older
@@ -13,7 +13,7 @@
 # on a machine with internet access (the GPU machine's Python version, here 3.12):
 #   pip download --no-deps --only-binary=:all: --python-version 3.12 -d .whl \
 #       transformers==5.24.0 datasets==5.2.0 dill==0.4.1 multiprocess==0.70.19
-# Without CUDA (and without --cpu-smoke) it says so and exits 0.
+# Without CUDA (and without --cpu_smoke) it says so and exits 0.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -70,9 +70,9 @@ EOF
     fi
 fi
 
-# Hard stop well inside the 8-minute budget (the Python side also skips sections past --budget-s).
+# Hard stop well inside the 8-minute budget (the Python side also skips sections past --budget_s).
 status=0
-timeout --signal=TERM --kill-after=10 470 "$py" scripts/device_check.py "$@" || status=$?
+timeout --signal=TERM --kill-after=10 470 "$py" scripts/benchmarks/device_check.py "$@" || status=$?
 if (( status == 124 )); then
     echo "device_check: stopped after 470 s." >&2
 fi

@@ -3,6 +3,7 @@
 
     python scripts/translate.py --model demo_output/model --input sentences.en --output sentences.de
     echo "I see twenty-one red apples" | python scripts/translate.py --model demo_output/model
+    echo "I carry the blue pigs" | python scripts/translate.py --model demo_output/model --attention_map attention.png
 """
 
 import argparse
@@ -12,7 +13,7 @@ import torch
 from transformers import AutoModelForSeq2SeqLM, AutoTokenizer
 
 import vanilla_transformer  # noqa: F401  registers the model with the Auto classes
-from vanilla_transformer.translation import translate
+from vanilla_transformer.translation import cross_attention, translate
 
 
 def main(argv=None):
@@ -25,6 +26,8 @@ def main(argv=None):
     parser.add_argument("--max_new_tokens", type=int, default=None,
                         help="Default: source length + 50 (§6.1), from the generation config.")
     parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    parser.add_argument("--attention_map", default=None,
+                        help="Also draw the encoder-decoder attention of the first sentence into this PNG.")
     args = parser.parse_args(argv)
 
     model = AutoModelForSeq2SeqLM.from_pretrained(args.model).to(args.device)
@@ -38,6 +41,10 @@ def main(argv=None):
     indices = [i for i, line in enumerate(lines) if line.strip()]
     translations = translate(model, tokenizer, [lines[i] for i in indices], batch_size=args.batch_size,
                              progress=args.output != "-", **generate_kwargs)
+    if args.attention_map and indices:
+        from vanilla_transformer.plots import plot_cross_attention
+
+        plot_cross_attention(cross_attention(model, tokenizer, lines[indices[0]], **generate_kwargs), args.attention_map)
     output = [""] * len(lines)
     for i, text in zip(indices, translations):
         output[i] = text

@@ -5,8 +5,15 @@ os.environ["HF_HUB_OFFLINE"] = "1"
 os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
+import sys  # noqa: E402
+from pathlib import Path  # noqa: E402
+
 import pytest  # noqa: E402
 import torch  # noqa: E402
+
+# The measurement toolkit (scripts/benchmarks/) is not part of the package; its modules import each other by name.
+BENCHMARKS = Path(__file__).resolve().parents[1] / "scripts" / "benchmarks"
+sys.path.insert(0, str(BENCHMARKS))
 
 # The test models are tiny: one thread is faster than two fighting over small kernels, and deterministic.
 torch.set_num_threads(1)

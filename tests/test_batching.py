@@ -12,7 +12,8 @@ from transformers import DataCollatorForSeq2Seq
 
 from conftest import tiny_model, tiny_tokenizer
 from vanilla_transformer import batching
-from vanilla_transformer.batching import TokenBucketBatchSampler, batch_cost, padding_stats
+from batching_throughput import padding_stats
+from vanilla_transformer.batching import TokenBucketBatchSampler, batch_cost
 from vanilla_transformer.training import PaperTrainer, TranslationTrainingArguments
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -146,27 +147,6 @@ def test_train_script_runs_with_a_token_budget(tmp_path, monkeypatch):
     assert seen == [96]
     results = json.loads((out / "results.json").read_text())
     assert np.isfinite(results["train"]["train_loss"]) and "bleu" in results["validation"]
-
-
-# The quality-parity baseline (vanilla_transformer/parity.py) rests on two promises, checked here cheaply.
-def test_the_marian_baseline_computes_our_network_and_trains_on_our_objective():
-    from transformers import MarianMTModel
-
-    from conftest import random_batch
-    from vanilla_transformer.conversion import marian_config_like
-    from vanilla_transformer.parity import copy_our_weights_into_marian, label_smoothed_loss_func
-
-    ours = tiny_model(label_smoothing=0.1)
-    marian = MarianMTModel(marian_config_like(ours.config)).eval()
-    copy_our_weights_into_marian(ours, marian)
-    input_ids, attention_mask, labels = random_batch()
-    labels[1, -2:] = -100
-    batch = dict(input_ids=input_ids, attention_mask=attention_mask, labels=labels)
-    with torch.no_grad():
-        expected, got = ours(**batch, num_items_in_batch=torch.tensor(11)), marian(**batch)
-    labelled = labels != -100  # ours skips the positions after a row's last label (their logits read 0)
-    torch.testing.assert_close(got.logits[labelled], expected.logits[labelled], atol=1e-5, rtol=1e-5)
-    assert label_smoothed_loss_func(0.1)(expected, labels, torch.tensor(11)).item() == expected.loss.item()
 
 
 def test_a_run_resumed_mid_epoch_sees_the_same_token_batches_as_an_uninterrupted_one(tmp_path):

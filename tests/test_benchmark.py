@@ -11,7 +11,7 @@ from torch.overrides import TorchFunctionMode
 from torch.utils.flop_counter import FlopCounterMode
 from transformers.cache_utils import EncoderDecoderCache
 
-from vanilla_transformer.benchmarking import (
+from peers import (
     AttentionFloor,
     BenchmarkSpec,
     ProjectionFloor,
@@ -232,16 +232,16 @@ def test_quick_benchmark_compares_like_with_like_and_writes_reports(spec, tmp_pa
     assert {p.name for p in tmp_path.iterdir()} == {"results_tiny.json", "results_tiny.md", "results_tiny.png"}
     saved = json.loads(paths["json"].read_text())
     assert saved["ratios"].keys() == results["ratios"].keys()
-    markdown = paths["markdown"].read_text()
+    markdown = paths["md"].read_text()
     assert "| workload | ours | Marian | textbook | ours/Marian | ours/textbook | target |" in markdown
     assert "Beam-4 speedup over the textbook decoder" in markdown
     assert "| goal | target | measured | ceiling on this machine | met |" in markdown
 
     # --render rewrites the reports of a saved run without measuring anything.
-    paths["markdown"].unlink()
-    script = Path(__file__).resolve().parents[1] / "scripts" / "benchmark.py"
+    paths["md"].unlink()
+    script = Path(__file__).resolve().parents[1] / "scripts" / "benchmarks" / "benchmark.py"
     subprocess.run([sys.executable, str(script), "--render", str(paths["json"])], check=True, capture_output=True)
-    assert paths["markdown"].read_text() == markdown
+    assert paths["md"].read_text() == markdown
 
 
 def test_a_noisy_workload_gets_a_verdict_only_where_every_estimate_agrees():
@@ -270,3 +270,52 @@ def test_a_noisy_workload_gets_a_verdict_only_where_every_estimate_agrees():
     assert target_verdicts(results(greedy_q1=1.4))["greedy_speed_vs_marian"]["met"] is None
     assert verdicts["beam_speed_vs_textbook_at_30"]["ceiling"] == 8.0
     assert verdicts["train_speed_vs_marian"]["ceiling"] == 2.0
+
+
+# The quality-parity baseline (quality_parity.py) rests on two promises, checked here cheaply.
+def test_the_marian_baseline_computes_our_network_and_trains_on_our_objective():
+    from transformers import MarianMTModel
+
+    from conftest import random_batch, tiny_model
+    from quality_parity import copy_our_weights_into_marian, label_smoothed_loss_func
+    from vanilla_transformer.conversion import marian_config_like
+
+    ours = tiny_model(label_smoothing=0.1)
+    marian = MarianMTModel(marian_config_like(ours.config)).eval()
+    copy_our_weights_into_marian(ours, marian)
+    input_ids, attention_mask, labels = random_batch()
+    labels[1, -2:] = -100
+    batch = dict(input_ids=input_ids, attention_mask=attention_mask, labels=labels)
+    with torch.no_grad():
+        expected, got = ours(**batch, num_items_in_batch=torch.tensor(11)), marian(**batch)
+    torch.testing.assert_close(got.logits, expected.logits, atol=1e-5, rtol=1e-5)
+    # Marian, trained through `compute_loss_func`, optimises the very loss our model computes.
+    marian_loss = label_smoothed_loss_func(0.1)(got, labels, torch.tensor(11))
+    torch.testing.assert_close(marian_loss, expected.loss, atol=1e-5, rtol=0)
+    assert marian_loss.item() != marian(**batch).loss.item()  # Marian's own loss is not smoothed
+
+
+def test_the_package_imports_no_peer_model_profiler_benchmark_or_private_name():
+    import ast
+
+    code = ("import sys, vanilla_transformer, vanilla_transformer.training, vanilla_transformer.hub, "
+            "vanilla_transformer.batching, vanilla_transformer.checkpoints; "
+            "print(','.join(sorted(sys.modules)))")
+    loaded = set(subprocess.run([sys.executable, "-c", code], check=True, capture_output=True, text=True,
+                                cwd=Path(__file__).resolve().parents[1]).stdout.strip().split(","))
+    assert "transformers.models.marian.modeling_marian" not in loaded
+    assert not loaded & {"peers", "toolkit", "quality_parity", "batching_throughput"}
+    # torch itself loads cProfile (torch._dynamo), so the package's own imports are read instead.
+    package = Path(__file__).resolve().parents[1] / "vanilla_transformer"
+    for path in package.glob("*.py"):
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, (ast.Import, ast.ImportFrom)):
+                module = node.module if isinstance(node, ast.ImportFrom) else None
+                names = [alias.name for alias in node.names]
+                for name in [module or "", *names]:
+                    assert name.split(".")[0] not in {"cProfile", "pstats", "profile"}, path.name
+                    assert "profiler" not in name and "benchmark" not in name and "parity" not in name, path.name
+                if path.name != "conversion.py":  # the Marian converter reads Marian, by design
+                    assert not any(n.startswith("Marian") for n in names), path.name
+                if isinstance(node, ast.ImportFrom) and node.level:
+                    assert not any(n.startswith("_") for n in names), f"{path.name} imports {names} from .{module}"

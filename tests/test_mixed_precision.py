@@ -220,7 +220,7 @@ def test_device_check_cpu_smoke_runs_every_section(tmp_path):
     import json
 
     out = tmp_path / "out"
-    result = _device_check("--cpu-smoke", "--out", str(out))
+    result = _device_check("--cpu_smoke", "--out", str(out))
     assert result.returncode == 0, (result.stdout[-3000:], result.stderr[-3000:])
     report = json.loads((out / "device_check.json").read_text())
     assert report["ok"] and report["cpu_smoke"]

@@ -12,7 +12,6 @@ from transformers import (
     AutoModelForSeq2SeqLM,
     CompileConfig,
     DataCollatorForSeq2Seq,
-    GenerationConfig,
     Trainer,
     TrainingArguments,
 )

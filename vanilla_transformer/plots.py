@@ -1,4 +1,4 @@
-"""Pictures as checks: the learning-rate and loss curves of a run."""
+"""Pictures as checks: the learning-rate and loss curves of a run, and attention maps (the paper's Figures 3-5)."""
 
 from pathlib import Path
 
@@ -31,3 +31,24 @@ def plot_training_curves(log_history: list[dict], path, title: str = "training")
     figure.savefig(path, dpi=110)
     plt.close(figure)
     return path
+
+
+def plot_cross_attention(attention: dict, path, layer: int | None = None):
+    """The encoder-decoder attention of one translation (`translation.cross_attention`) as a heatmap: target
+    tokens down, source tokens across, one panel per layer (or only `layer`). Returns the figure, closed."""
+    weights = attention["weights"]
+    layers = range(len(weights)) if layer is None else [layer]
+    source, target = attention["source_tokens"], attention["target_tokens"]
+    width = max(3.0, 0.35 * len(source) + 1.5)
+    figure, axes = plt.subplots(1, len(layers), figsize=(width * len(layers), max(3.0, 0.35 * len(target) + 1.5)),
+                                squeeze=False)
+    for axis, index in zip(axes[0], layers):
+        axis.imshow(weights[index].numpy(), cmap="viridis", vmin=0.0, aspect="auto")
+        axis.set_xticks(range(len(source)), source, rotation=90, fontsize=8)
+        axis.set_yticks(range(len(target)), target, fontsize=8)
+        axis.set(title=f"layer {index + 1}", xlabel="source", ylabel="target (predicted token)")
+    figure.suptitle(f"encoder-decoder attention, averaged over heads: {attention['translation']!r}", fontsize=9)
+    figure.tight_layout()
+    figure.savefig(Path(path), dpi=110)
+    plt.close(figure)
+    return figure

@@ -33,3 +33,27 @@ def translate(model, tokenizer, texts: list[str], batch_size: int = 64, max_sour
         for i, text in zip(indices, tokenizer.batch_decode(output, skip_special_tokens=True)):
             results[i] = text.strip()
     return results
+
+
+def cross_attention(model, tokenizer, text: str, **generate_kwargs) -> dict:
+    """Translate `text`, then read back the model's encoder-decoder attention over it (the paper's Figures 3-5):
+    {"translation", "source_tokens", "target_tokens", "weights": (layers, target, source), averaged over heads}.
+
+    The weights are the model's own, returned by a teacher-forced forward over its translation with eager
+    attention (the implementation that returns them); row t is the attention while predicting target token t.
+    """
+    device = next(model.parameters()).device
+    model.eval()
+    inputs = tokenizer([text], return_tensors="pt").to(device)
+    with torch.inference_mode():
+        generated = model.generate(**inputs, **generate_kwargs)
+        implementation = model.config._attn_implementation
+        model.set_attn_implementation("eager")
+        try:
+            out = model(**inputs, decoder_input_ids=generated[:, :-1], output_attentions=True, use_cache=False)
+        finally:
+            model.set_attn_implementation(implementation)
+    weights = torch.stack([layer[0].float().mean(0) for layer in out.cross_attentions]).cpu()
+    return {"translation": tokenizer.decode(generated[0], skip_special_tokens=True).strip(),
+            "source_tokens": tokenizer.convert_ids_to_tokens(inputs["input_ids"][0].tolist()),
+            "target_tokens": tokenizer.convert_ids_to_tokens(generated[0, 1:].tolist()), "weights": weights}

@@ -63,6 +63,16 @@ def matmul_peak(size: int, repeats: int = 5, device: torch.device | str = "cpu",
             "median_flops": flops / statistics.median(times)}
 
 
+def cores() -> int:
+    """The cores this process may run on."""
+    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
+
+
+def load_average() -> list[float] | None:
+    """Other processes on the cores inflate and scatter the times: a run records how busy the machine was."""
+    return list(os.getloadavg()) if hasattr(os, "getloadavg") else None
+
+
 def environment(device: torch.device | str | None = None) -> dict:
     """Versions, processor or GPU, threads and how busy the machine was: what a reader needs to trust a time."""
     cpu = platform.processor() or platform.machine()
@@ -73,11 +83,9 @@ def environment(device: torch.device | str | None = None) -> dict:
         pass
     info = {"python": platform.python_version(), "torch": torch.__version__, "cuda_build": torch.version.cuda,
             "transformers": transformers.__version__, "cpu": cpu,
-            "cores_available": len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count(),
+            "cores_available": cores(),
             "torch_threads": torch.get_num_threads(), "torch_interop_threads": torch.get_num_interop_threads(),
-            "omp_wait_policy": os.environ.get("OMP_WAIT_POLICY"),
-            # Other processes on the cores inflate and scatter the times; record how busy the machine was.
-            "load_average_at_start": list(os.getloadavg()) if hasattr(os, "getloadavg") else None}
+            "omp_wait_policy": os.environ.get("OMP_WAIT_POLICY"), "load_average_at_start": load_average()}
     if device is not None and torch.device(device).type == "cuda":
         props = torch.cuda.get_device_properties(device)
         info.update(device=str(device), gpu=props.name, capability=f"{props.major}.{props.minor}",

@@ -9,25 +9,30 @@ one objective the two should translate equally well. What is the same for both:
   `TokenBucketBatchSampler` with one seed, so both see identical batches in identical order;
 - recipe: `PaperTrainer` (Adam 0.9/0.98/1e-9, the Noam schedule of §5.3), same steps and seed;
 - objective: §5.4 label-smoothed cross-entropy summed over the step's target tokens and divided by their
-  count (`num_items_in_batch`). Marian's own loss has no smoothing, so it gets `label_smoothed_loss_func` as
-  Trainer's `compute_loss_func`; `objective_gap` checks, on a real batch, that this function gives our
-  model's built-in loss bit for bit;
+  count (`num_items_in_batch`): our model's own loss function, `label_smoothed_cross_entropy`, which Marian
+  (whose loss has no smoothing) gets as Trainer's `compute_loss_func`;
 - decoding for BLEU: one `GenerationConfig` (beam 4, length penalty 0.6 as |Y|^0.6, at most 128 new tokens).
 
 What differs is the implementation, and by default (`init="own"`) the initial weights: each library draws
 its own (both N(0, init_std=0.02) everywhere). With `init="ours"` or `init="marian"` both start from the same weights, one model's initial
-weights mapped onto the other through `conversion.residual_permutation` (the two then compute the same
+weights mapped onto the other through the converter's permutation (the two then compute the same
 function to float rounding), so the comparison isolates the forward/backward code.
 
 The two runs can train side by side in two processes with one thread each (`parallel=True`): on a shared
 CPU that is faster than one after the other and both see the same machine load.
+
+    python scripts/benchmarks/quality_parity.py                       # writes scripts/benchmarks/results/parity_*
+    python scripts/benchmarks/quality_parity.py --preset tiny --max_steps 50 --output_dir /tmp/p   # a smoke run
+
+Skips (exit status 0, with the reason) where ../shared/data/multi30k is absent.
 """
 
 from __future__ import annotations
 
-import json
 import math
 import os
+import shlex
+import sys
 import tempfile
 import time
 from concurrent.futures import ProcessPoolExecutor
@@ -35,61 +40,41 @@ from dataclasses import asdict, dataclass, field, replace
 from multiprocessing import get_context
 from pathlib import Path
 
-import torch
-import torch.nn.functional as F
-from datasets import DatasetDict, load_from_disk
-from transformers import (
+os.environ.setdefault("HF_HUB_OFFLINE", "1")  # everything here is built locally
+
+import torch  # noqa: E402
+from datasets import DatasetDict, load_from_disk  # noqa: E402
+from toolkit import load_multi30k, multi30k_missing, shared_tokenizer_for, write_report  # noqa: E402
+from transformers import (  # noqa: E402
     AutoTokenizer,
     DataCollatorForSeq2Seq,
     GenerationConfig,
+    HfArgumentParser,
     MarianMTModel,
     TrainerCallback,
     set_seed,
 )
 
-from .configuration_vanilla_transformer import VanillaTransformerConfig
-from .conversion import _permute, marian_config_like, residual_permutation, state_dict_from_marian
-from .data import load_parallel_text_files, tokenize_parallel
-from .metrics import corpus_scores
-from .modeling_vanilla_transformer import VanillaTransformerForConditionalGeneration
-from .schedule import NoamLambda
-from .tokenization import train_shared_tokenizer
-from .translation import translate
+from vanilla_transformer.configuration_vanilla_transformer import VanillaTransformerConfig  # noqa: E402
+from vanilla_transformer.conversion import marian_config_like, state_dict_from_marian, state_dict_to_marian  # noqa: E402
+from vanilla_transformer.data import tokenize_parallel  # noqa: E402
+from vanilla_transformer.metrics import corpus_scores  # noqa: E402
+from vanilla_transformer.modeling_vanilla_transformer import (  # noqa: E402
+    VanillaTransformerForConditionalGeneration,
+    label_smoothed_cross_entropy,
+)
+from vanilla_transformer.schedule import NoamLambda  # noqa: E402
+from vanilla_transformer.training import PaperTrainer, TranslationTrainingArguments  # noqa: E402
+from vanilla_transformer.translation import translate  # noqa: E402
 
 MODELS = ("ours", "marian")
 INITS = ("own", "ours", "marian")
 
 
-def multi30k_missing(data_dir) -> str | None:
-    """Why Multi30k cannot be used from `data_dir`, or None when train and val are both there."""
-    missing = [name for name in ("train.en", "train.de", "val.en", "val.de") if not Path(data_dir, name).is_file()]
-    if missing:
-        return (f"Multi30k not found: {', '.join(missing)} missing in {Path(data_dir).resolve()} (it is research-use "
-                f"data kept outside the repository, at ../shared/data/multi30k/)")
-    return None
-
-
-def load_multi30k(data_dir, source_lang: str = "en", target_lang: str = "de") -> DatasetDict:
-    reason = multi30k_missing(data_dir)
-    if reason:
-        raise FileNotFoundError(reason)
-
-    def split(name):
-        source, target = (Path(data_dir, f"{name}.{lang}") for lang in (source_lang, target_lang))
-        return load_parallel_text_files(source, target, source_lang, target_lang)
-
-    return DatasetDict({"train": split("train"), "validation": split("val")})
-
-
-def shared_tokenizer_for(raw: DatasetDict, vocab_size: int, max_length: int = 128):
-    texts = [pair[lang] for pair in raw["train"]["translation"] for lang in pair]
-    return train_shared_tokenizer(texts, vocab_size=vocab_size, model_max_length=max_length, show_progress=False)
-
-
 @dataclass
 class ParitySettings:
     data_dir: str = field(default="../shared/data/multi30k", metadata={"help": "Multi30k train/val .en/.de files."})
-    output_dir: str = field(default="scripts/results", metadata={"help": "Where the reports go."})
+    output_dir: str = field(default="scripts/benchmarks/results", metadata={"help": "Where the reports go."})
     work_dir: str | None = field(default=None, metadata={
         "help": "Tokenizer, tokenized data, translations; default: a new temporary folder, outside the "
                 "repository, since it holds Multi30k-derived files."})
@@ -117,10 +102,8 @@ class ParitySettings:
 
 def copy_our_weights_into_marian(ours: VanillaTransformerForConditionalGeneration, marian: MarianMTModel) -> None:
     """Load our weights into Marian, undoing the residual-stream permutation of `conversion.state_dict_from_marian`."""
-    inverse = torch.argsort(residual_permutation(ours.config.d_model))
-    weights = {name.replace(".ffn.fc", ".fc"): _permute(name, tensor, inverse)
-               for name, tensor in ours.state_dict().items()}
-    missing, unexpected = marian.load_state_dict(weights, strict=False)
+    missing, unexpected = marian.load_state_dict(state_dict_to_marian(ours.state_dict(), ours.config.d_model),
+                                                 strict=False)
     # Marian's position tables and zero logits bias are buffers it computes itself.
     missing = [name for name in missing if not name.endswith(("embed_positions.weight", "final_logits_bias"))]
     if missing or unexpected:
@@ -128,29 +111,13 @@ def copy_our_weights_into_marian(ours: VanillaTransformerForConditionalGeneratio
 
 
 def label_smoothed_loss_func(epsilon: float):
-    """Trainer `compute_loss_func` with our model's §5.4 loss: smoothed cross-entropy summed over the non-(-100)
-    labels and divided by `num_items_in_batch` (the optimizer step's token count), or a mean without it."""
+    """Trainer `compute_loss_func` for Marian: our model's own loss, `label_smoothed_cross_entropy`."""
 
     def loss_func(outputs, labels, num_items_in_batch=None):
         logits = outputs["logits"] if isinstance(outputs, dict) else outputs[0]
-        loss = F.cross_entropy(logits.float().flatten(0, 1), labels.flatten().to(logits.device), ignore_index=-100,
-                               reduction="mean" if num_items_in_batch is None else "sum", label_smoothing=epsilon)
-        return loss if num_items_in_batch is None else loss / num_items_in_batch
+        return label_smoothed_cross_entropy(logits, labels, epsilon, num_items_in_batch)
 
     return loss_func
-
-
-def objective_gap(model: VanillaTransformerForConditionalGeneration, batch: dict, loss_func) -> float:
-    """|our built-in loss - loss_func| on `batch` (eval mode, so dropout is off), with and without a token count."""
-    model.eval()
-    labels = batch["labels"]
-    count = int((labels != -100).sum())
-    with torch.no_grad():
-        gaps = []
-        for items in (None, torch.tensor(count)):
-            outputs = model(**batch, num_items_in_batch=items)
-            gaps.append(abs(outputs.loss.item() - loss_func(outputs, labels, items).item()))
-    return max(gaps)
 
 
 def decoding_config(settings: ParitySettings, config: VanillaTransformerConfig) -> GenerationConfig:
@@ -195,8 +162,6 @@ def _build_model(kind: str, config: VanillaTransformerConfig, settings: ParitySe
 
 def train_and_score(kind: str, settings: ParitySettings) -> dict:
     """Train one of the two models on the prepared data in `settings.work_dir`; return its curves and BLEU."""
-    from .training import PaperTrainer, TranslationTrainingArguments
-
     torch.set_num_threads(settings.threads_per_model)
     work = Path(settings.work_dir)
     tokenizer = AutoTokenizer.from_pretrained(work / "tokenizer")
@@ -264,12 +229,9 @@ def prepare(settings: ParitySettings) -> dict:
     raw["validation"].save_to_disk(str(work / "raw_validation"))
     config.to_json_file(work / "config.json")
 
-    # The smoothed objective Marian trains on is exactly our model's loss (checked on a real training batch).
-    collator = DataCollatorForSeq2Seq(tokenizer, label_pad_token_id=-100)
-    probe = collator([tokenized["train"][i] for i in range(32)])
-    ours = VanillaTransformerForConditionalGeneration(config)
-    checks = {"objective_gap": objective_gap(ours, probe, label_smoothed_loss_func(settings.label_smoothing))}
+    checks = {}
     if settings.init != "own":
+        probe = DataCollatorForSeq2Seq(tokenizer, label_pad_token_id=-100)([tokenized["train"][i] for i in range(32)])
         marian = _build_model("marian", config, settings).eval()
         ours = _build_model("ours", config, settings).eval()
         with torch.no_grad():
@@ -332,13 +294,7 @@ def plot_parity(results: dict, path) -> Path:
     return path
 
 
-def write_report(results: dict, output_dir, command: str) -> dict[str, Path]:
-    output_dir = Path(output_dir)
-    output_dir.mkdir(parents=True, exist_ok=True)
-    name = results["settings"]["report_name"]
-    paths = {suffix: output_dir / f"{name}.{suffix}" for suffix in ("json", "md", "png")}
-    paths["json"].write_text(json.dumps({"command": command, **results}, indent=2, default=str) + "\n")
-    plot_parity(results, paths["png"])
+def render_report(results: dict, command: str, plot_name: str) -> str:
     s, runs = results["settings"], results["runs"]
     rows = "\n".join(
         f"| {kind} | {run['model']} | {run['parameters']:,} | {run['steps']} | {run['epochs']:.2f} | "
@@ -353,14 +309,14 @@ def write_report(results: dict, output_dir, command: str) -> dict[str, Path]:
             "ours": "both from our initial weights", "marian": "both from Marian's initial weights"}[s["init"]]
     if "initial_logit_gap" in results["checks"]:
         init += f" (initial logits differ by at most {results['checks']['initial_logit_gap']:.1e})"
-    paths["md"].write_text(f"""# Quality parity on Multi30k en→de: ours vs `MarianMTModel`
+    return f"""# Quality parity on Multi30k en→de: ours vs `MarianMTModel`
 
 `{command}`
 
 Both models: preset `{s['preset']}`, shared BPE of {results['vocab_size']} tokens, ReLU, post-LN, scaled shared
 and tied embeddings; `PaperTrainer` with the Noam schedule (warmup {s['noam_warmup_steps']}, factor
-{s['noam_factor']}), label smoothing {s['label_smoothing']} (Marian through `compute_loss_func`; gap to our
-built-in loss on a probe batch: {results['checks']['objective_gap']:.1e}), token batches of
+{s['noam_factor']}), label smoothing {s['label_smoothing']} (our model's loss function, Marian's through
+`compute_loss_func`), token batches of
 {s['max_tokens_per_batch']} padded tokens per side (identical batches for both), {s['max_steps']} steps, seed
 {s['seed']}, initialisation: {init}. Validation: all {results['validation_examples']} sentences of val,
 beam {s['num_beams']}, length penalty {s['length_penalty']} (|Y|^α), at most {s['max_new_tokens']} new tokens.
@@ -375,9 +331,8 @@ BLEU(ours) − BLEU(Marian) = **{results['bleu_gap']:+.2f}** (target ≥ −0.5)
 on a CPU shared with other jobs.
 {curve_text}
 
-![curves]({paths['png'].name})
-""")
-    return paths
+![curves]({plot_name})
+"""
 
 
 def _last_eval_loss(run: dict) -> float:
@@ -385,5 +340,23 @@ def _last_eval_loss(run: dict) -> float:
     return losses[-1] if losses else math.nan
 
 
-__all__ = ["ParitySettings", "run_parity", "write_report", "label_smoothed_loss_func",
-           "objective_gap", "copy_our_weights_into_marian", "load_multi30k", "multi30k_missing"]
+def main(argv=None):
+    (settings,) = HfArgumentParser(ParitySettings).parse_args_into_dataclasses(argv)
+    reason = multi30k_missing(settings.data_dir)
+    if reason:
+        print(f"skipped: {reason}")
+        return None
+    results = run_parity(settings)
+    command = shlex.join(["python", "scripts/benchmarks/quality_parity.py", *(sys.argv[1:] if argv is None else argv)])
+    stem = Path(settings.output_dir) / settings.report_name
+    stem.parent.mkdir(parents=True, exist_ok=True)
+    png = plot_parity(results, stem.with_suffix(".png"))
+    paths = write_report(stem, {"command": command, **results}, render_report(results, command, png.name))
+    runs = results["runs"]
+    print(f"BLEU ours {runs['ours']['bleu']:.2f}, Marian {runs['marian']['bleu']:.2f}, gap {results['bleu_gap']:+.2f}; "
+          f"wall {results['wall_seconds'] / 60:.1f} min; report: {paths['md']}")
+    return results
+
+
+if __name__ == "__main__":
+    main()

@@ -35,7 +35,6 @@ import io
 import json
 import math
 import os
-import platform
 import pstats
 import statistics
 import subprocess
@@ -46,13 +45,13 @@ from pathlib import Path
 
 import torch
 import torch.nn.functional as F
-import transformers
+from toolkit import cores, environment, load_average, matmul_peak, time_interleaved, write_report
 from transformers import GenerationConfig, MarianMTModel
 from transformers.cache_utils import EncoderDecoderCache
 
-from .conversion import marian_config_like
-from .configuration_vanilla_transformer import PRESETS, VanillaTransformerConfig
-from .modeling_vanilla_transformer import VanillaTransformerForConditionalGeneration
+from vanilla_transformer.configuration_vanilla_transformer import PRESETS, VanillaTransformerConfig
+from vanilla_transformer.conversion import marian_config_like
+from vanilla_transformer.modeling_vanilla_transformer import VanillaTransformerForConditionalGeneration
 
 # A vocabulary per preset: a small BPE for the CPU presets, the paper's shared 37k BPE (§5.1) for Table 3's.
 DEFAULT_VOCAB = {"tiny": 1000, "small": 8000, "base": 37000, "big": 37000}
@@ -114,7 +113,7 @@ class BenchmarkSpec:
         if self.curve_repeats is None:
             self.curve_repeats = min(self.repeats, 2)
         if self.threads is None:
-            self.threads = _cores()
+            self.threads = cores()
         sizes = dict(vocab_size=self.vocab_size, batch_size=self.batch_size, source_length=self.source_length,
                      target_length=self.target_length, generation_batch_size=self.generation_batch_size,
                      new_tokens=self.new_tokens, num_beams=self.num_beams, curve_batch_size=self.curve_batch_size,
@@ -508,36 +507,6 @@ def generation_split(model: torch.nn.Module, run: Callable, repeats: int) -> dic
             "loop_s": statistics.median(t - m for t, m in zip(totals, models))}
 
 
-def matmul_peak_flops(size: int, repeats: int = 5) -> float:
-    """The machine's practical fp32 peak here: the best of several (size x size) @ (size x size) matmuls."""
-    a, b = torch.randn(size, size), torch.randn(size, size)
-    torch.mm(a, b)
-    best = math.inf
-    for _ in range(repeats):
-        start = time.perf_counter()
-        torch.mm(a, b)
-        best = min(best, time.perf_counter() - start)
-    return 2 * size**3 / best
-
-
-# Timing -------------------------------------------------------------------------------------------------------
-
-def time_interleaved(tasks: dict[str, Callable], repeats: int, warmup: int = 1) -> dict[str, list[float]]:
-    """Seconds per call of each task. Every repetition runs every task once; the order alternates between
-    repetitions so that neither slot (first, or right after a competitor) favours one system."""
-    names = list(tasks)
-    times = {name: [] for name in names}
-    for rep in range(warmup + repeats):
-        for name in names if rep % 2 == 0 else names[::-1]:
-            gc.collect()
-            start = time.perf_counter()
-            tasks[name]()
-            elapsed = time.perf_counter() - start
-            if rep >= warmup:
-                times[name].append(elapsed)
-    return times
-
-
 def summarize(times: dict[str, list[float]], work: float) -> dict[str, dict]:
     """Median seconds and `work` units (tokens) per second for each system."""
     return {
@@ -626,7 +595,8 @@ def measure_memory(spec: BenchmarkSpec, systems=SYSTEMS) -> dict[str, dict[str, 
     for group in groups:
         request = json.dumps({"spec": dataclasses.asdict(spec), "systems": group})
         done = subprocess.run(
-            [sys.executable, "-c", "from vanilla_transformer.benchmarking import memory_worker; memory_worker()"],
+            [sys.executable, "-c", f"import sys; sys.path.insert(0, {str(Path(__file__).parent)!r}); "
+             "from peers import memory_worker; memory_worker()"],
             input=request, capture_output=True, text=True, env=env, check=False,
         )
         if done.returncode != 0:
@@ -636,28 +606,6 @@ def measure_memory(spec: BenchmarkSpec, systems=SYSTEMS) -> dict[str, dict[str, 
 
 
 # The whole run ------------------------------------------------------------------------------------------------
-
-def environment(spec: BenchmarkSpec) -> dict:
-    cpu = platform.processor() or platform.machine()
-    try:
-        with open("/proc/cpuinfo") as info:
-            cpu = next(line.split(":", 1)[1].strip() for line in info if line.startswith("model name"))
-    except (OSError, StopIteration):
-        pass
-    return {"torch": torch.__version__, "transformers": transformers.__version__, "python": platform.python_version(),
-            "cpu": cpu, "cores_available": _cores(),
-            "torch_threads": torch.get_num_threads(), "torch_interop_threads": torch.get_num_interop_threads(),
-            "omp_wait_policy": os.environ.get("OMP_WAIT_POLICY"), "load_average_at_start": _load_average()}
-
-
-def _cores() -> int:
-    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
-
-
-def _load_average():
-    # Other processes on the cores inflate and scatter the times; the run records how busy the machine was.
-    return list(os.getloadavg()) if hasattr(os, "getloadavg") else None
-
 
 def _ratio(numerator, denominator):
     return None if numerator is None or denominator in (None, 0) else numerator / denominator
@@ -671,10 +619,10 @@ def run_benchmark(spec: BenchmarkSpec, log: Callable[[str], None] = print) -> di
     ours = models["ours"]
     config = ours.config
     textbook = TextbookDecoder(ours)
-    results = {"spec": dataclasses.asdict(spec), "environment": environment(spec),
+    results = {"spec": dataclasses.asdict(spec), "environment": environment(),
                "parameters": {name: parameter_counts(model) for name, model in models.items()}}
     log(f"threads: {torch.get_num_threads()}; parameters: {results['parameters']}")
-    peaks = [matmul_peak_flops(spec.matmul_size)]
+    peaks = [matmul_peak(spec.matmul_size)["flops"]]
 
     # Training step.
     batch = training_batch(spec, config)
@@ -770,7 +718,7 @@ def run_benchmark(spec: BenchmarkSpec, log: Callable[[str], None] = print) -> di
     results["beam_curve"] = {"batch": spec.curve_batch_size, "num_beams": spec.num_beams,
                              "repeats": spec.curve_repeats, "points": curve}
 
-    peaks.append(matmul_peak_flops(spec.matmul_size))
+    peaks.append(matmul_peak(spec.matmul_size)["flops"])
     peak = max(peaks)
     results["matmul_peak"] = {"size": spec.matmul_size, "flops": peak, "samples": peaks}
     for name, system in train.items():
@@ -791,7 +739,7 @@ def run_benchmark(spec: BenchmarkSpec, log: Callable[[str], None] = print) -> di
     results["ratios_from_fastest_repeats"] = ratios(results, "min_s")
     results["paired_ratios"] = paired_ratios(results)
     results["targets"] = target_verdicts(results)
-    results["environment"]["load_average_at_end"] = _load_average()
+    results["environment"]["load_average_at_end"] = load_average()
     results["elapsed_s"] = time.perf_counter() - started
     results["phase_s"] = phases
     return results
@@ -1091,12 +1039,8 @@ def plot_results(results: dict, path: Path):
 
 
 def write_results(results: dict, output_dir: str | Path, plot: bool = True) -> dict[str, Path]:
-    output_dir = Path(output_dir)
-    output_dir.mkdir(parents=True, exist_ok=True)
-    stem = output_dir / f"results_{results['spec']['preset']}"
-    paths = {"json": stem.with_suffix(".json"), "markdown": stem.with_suffix(".md")}
-    paths["json"].write_text(json.dumps(results, indent=2) + "\n")
-    paths["markdown"].write_text(render_markdown(results))
+    stem = Path(output_dir) / f"results_{results['spec']['preset']}"
+    paths = write_report(stem, results, render_markdown(results))
     if plot:
         paths["png"] = stem.with_suffix(".png")
         plot_results(results, paths["png"])
@@ -1212,7 +1156,6 @@ __all__ = [
     "build_models",
     "generate_fixed_length",
     "make_train_step",
-    "matmul_peak_flops",
     "measure_memory",
     "parameter_counts",
     "profile_ours",

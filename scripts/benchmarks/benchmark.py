@@ -1,10 +1,10 @@
-"""Benchmark ours against Marian (same shape) and a textbook no-cache decoder; see vanilla_transformer.benchmarking.
+"""Benchmark ours against Marian (same shape) and a textbook no-cache decoder (`make bench`); see peers.py.
 
-    python scripts/benchmark.py                  # preset small, results into scripts/results/
-    python scripts/benchmark.py --preset base --repeats 3
-    python scripts/benchmark.py --quick          # seconds: checks the plumbing, numbers mean nothing
-    python scripts/benchmark.py --profile --threads 1   # operator and Python profiles of ours (vs Marian) instead
-    python scripts/benchmark.py --render scripts/results/results_small.json   # rewrite its reports, measure nothing
+    python scripts/benchmarks/benchmark.py              # preset small, results into scripts/benchmarks/results/
+    python scripts/benchmarks/benchmark.py --preset base --repeats 3
+    python scripts/benchmarks/benchmark.py --quick      # seconds: checks the plumbing, numbers mean nothing
+    python scripts/benchmarks/benchmark.py --profile --threads 1   # operator and Python profiles of ours vs Marian
+    python scripts/benchmarks/benchmark.py --render scripts/benchmarks/results/results_small.json   # re-render only
 """
 
 import argparse
@@ -16,14 +16,8 @@ from pathlib import Path
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
-from vanilla_transformer.benchmarking import (  # noqa: E402
-    BenchmarkSpec,
-    profile_ours,
-    render_markdown,
-    run_benchmark,
-    target_verdicts,
-    write_results,
-)
+from peers import BenchmarkSpec, profile_ours, render_markdown, run_benchmark, target_verdicts, write_results  # noqa: E402
+
 from vanilla_transformer.configuration_vanilla_transformer import PRESETS  # noqa: E402
 
 
@@ -31,22 +25,22 @@ def main():
     defaults = BenchmarkSpec()
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--preset", choices=sorted(PRESETS), default=None, help="model size (default: small)")
-    parser.add_argument("--vocab-size", type=int, help="default: 8000 for small, 37000 for base")
-    parser.add_argument("--batch-size", type=int, help=f"training batch (default {defaults.batch_size})")
-    parser.add_argument("--source-length", type=int, help=f"longest source (default {defaults.source_length})")
-    parser.add_argument("--target-length", type=int, help=f"longest training target (default {defaults.target_length})")
-    parser.add_argument("--generation-batch-size", type=int,
+    parser.add_argument("--vocab_size", type=int, help="default: 8000 for small, 37000 for base")
+    parser.add_argument("--batch_size", type=int, help=f"training batch (default {defaults.batch_size})")
+    parser.add_argument("--source_length", type=int, help=f"longest source (default {defaults.source_length})")
+    parser.add_argument("--target_length", type=int, help=f"longest training target (default {defaults.target_length})")
+    parser.add_argument("--generation_batch_size", type=int,
                         help=f"sentences per decoding call (default {defaults.generation_batch_size})")
-    parser.add_argument("--new-tokens", type=int, help=f"tokens decoded per sentence (default {defaults.new_tokens})")
-    parser.add_argument("--num-beams", type=int, help=f"default {defaults.num_beams}")
-    parser.add_argument("--curve-lengths", type=int, nargs="+", help="output lengths of the beam-vs-textbook curve")
-    parser.add_argument("--curve-batch-size", type=int, help=f"default {defaults.curve_batch_size}")
+    parser.add_argument("--new_tokens", type=int, help=f"tokens decoded per sentence (default {defaults.new_tokens})")
+    parser.add_argument("--num_beams", type=int, help=f"default {defaults.num_beams}")
+    parser.add_argument("--curve_lengths", type=int, nargs="+", help="output lengths of the beam-vs-textbook curve")
+    parser.add_argument("--curve_batch_size", type=int, help=f"default {defaults.curve_batch_size}")
     parser.add_argument("--repeats", type=int, help=f"timed repeats per system (default {defaults.repeats})")
     parser.add_argument("--threads", type=int, help="torch threads (default: all available cores)")
-    parser.add_argument("--no-memory", action="store_true", help="skip the peak-memory subprocesses")
+    parser.add_argument("--no_memory", action="store_true", help="skip the peak-memory subprocesses")
     parser.add_argument("--quick", action="store_true", help="tiny model and shapes, one repeat")
     parser.add_argument("--profile", action="store_true", help="profile ours (training step, beam search) and exit")
-    parser.add_argument("--output-dir", type=Path, default=Path("scripts/results"))
+    parser.add_argument("--output_dir", type=Path, default=Path("scripts/benchmarks/results"))
     parser.add_argument("--render", type=Path, metavar="RESULTS_JSON",
                         help="rewrite the markdown and chart of a saved run beside it (verdicts recomputed)")
     args = parser.parse_args()

@@ -10,20 +10,19 @@ On a CUDA machine it measures, in a few minutes and installing nothing:
    peak measured on the same card, peak memory;
 3. beam search (beam 4, bf16 weights, fixed output length): tokens/s and peak memory;
 4. the same bf16 training step, ours vs MarianMTModel of the same shape, interleaved;
-5. the performance comparisons of scripts/benchmark.py on this device (fp32, interleaved): ours vs
+5. the performance comparisons of scripts/benchmarks/benchmark.py on this device (fp32, interleaved): ours vs
    MarianMTModel of the same shape (training step, greedy and beam-4 decoding, greedy with a static cache,
    which generate() compiles) and beam-4 vs the textbook no-cache decoder at growing output lengths;
 6. a short bf16 training run of scripts/train.py on the built-in task (small model) whose loss must fall.
 
 It writes device_check.json and device_check.md to $OUT if set, else device_check_out/ (or --out).
-Without CUDA it prints why and exits 0. `--cpu-smoke` runs the same code on the CPU with tiny sizes (< 60 s),
+Without CUDA it prints why and exits 0. `--cpu_smoke` runs the same code on the CPU with tiny sizes (< 60 s),
 for tests; its numbers mean nothing.
 """
 
 import argparse
 import json
 import os
-import platform
 import statistics
 import subprocess
 import sys
@@ -32,7 +31,9 @@ import time
 import traceback
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parents[1]
+import toolkit
+
+REPO = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO))  # the package from this checkout, installed or not
 
 GIB = 2**30
@@ -59,13 +60,6 @@ CPU_SMOKE_SETTINGS = dict(
 
 # Helpers -------------------------------------------------------------------------------------------------
 
-def sync(device):
-    import torch
-
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
-
-
 def reset_peak(device):
     import torch
 
@@ -81,38 +75,19 @@ def peak_gib(device):
 
 
 def interleaved_ms(tasks: dict, device, repeats: int, warmup: int = 2) -> dict[str, float]:
-    """Median milliseconds per call of each task, the systems taking turns (benchmark.py's `time_interleaved`),
-    each call waited for on the device."""
-    from vanilla_transformer.benchmarking import time_interleaved
-
-    def synced(fn):
-        def run():
-            fn()
-            sync(device)
-        return run
-
-    times = time_interleaved({name: synced(fn) for name, fn in tasks.items()}, repeats, warmup)
-    return {name: statistics.median(values) * 1e3 for name, values in times.items()}
+    """Median milliseconds per call of each task, the systems taking turns, each call waited for on the device."""
+    return toolkit.median_ms(tasks, repeats, warmup, device)
 
 
 def timed(fn, device, repeats: int, warmup: int) -> list[float]:
-    for _ in range(warmup):
-        fn()
-    times = []
-    for _ in range(repeats):
-        sync(device)
-        start = time.perf_counter()
-        fn()
-        sync(device)
-        times.append(time.perf_counter() - start)
-    return times
+    return toolkit.time_interleaved({"task": fn}, repeats, warmup, device)["task"]
 
 
 def padded_batch(batch, source_length, target_length, vocab_size, device, seed=0, pad=True):
     """Right-padded sources and -100-padded labels with lengths in [L/2, L] (or full length)."""
     import torch
 
-    from vanilla_transformer.benchmarking import padded_ids
+    from peers import padded_ids
 
     generator = torch.Generator().manual_seed(seed)
     if pad:
@@ -159,31 +134,19 @@ def flash_implementations() -> list[str]:
 
 def environment(device) -> dict:
     import accelerate
-    import torch
     import transformers
 
-    info = {"python": platform.python_version(), "torch": torch.__version__, "cuda_build": torch.version.cuda,
-            "transformers": transformers.__version__, "transformers_path": str(Path(transformers.__file__).parent),
-            "accelerate": accelerate.__version__,
-            "device": str(device), "flash_attention_packages": flash_implementations()}
-    if device.type == "cuda":
-        props = torch.cuda.get_device_properties(device)
-        info.update(gpu=props.name, capability=f"{props.major}.{props.minor}", gpu_memory_gib=props.total_memory / GIB,
-                    multiprocessors=props.multi_processor_count, bf16_supported=torch.cuda.is_bf16_supported())
-    else:
-        info.update(cpu_threads=torch.get_num_threads())
-    return info
+    return {**toolkit.environment(device), "device": str(device), "accelerate": accelerate.__version__,
+            "transformers_path": str(Path(transformers.__file__).parent),
+            "flash_attention_packages": flash_implementations()}
 
 
 def matmul_peak(device, size, repeats) -> dict:
     """bf16 (size x size) @ (size x size): the practical peak this card reaches, the denominator of MFU."""
     import torch
 
-    a = torch.randn(size, size, device=device, dtype=torch.bfloat16)
-    b = torch.randn(size, size, device=device, dtype=torch.bfloat16)
-    times = timed(lambda: torch.mm(a, b), device, repeats, warmup=3)
-    flops = 2 * size**3
-    return {"size": size, "best_tflops": flops / min(times) / 1e12, "median_tflops": flops / statistics.median(times) / 1e12}
+    peak = toolkit.matmul_peak(size, repeats, device, torch.bfloat16)
+    return {"size": size, "best_tflops": peak["flops"] / 1e12, "median_tflops": peak["median_flops"] / 1e12}
 
 
 def attention_agreement(device, s) -> dict:
@@ -253,7 +216,7 @@ def train_step_throughput(device, preset, s, peak_tflops) -> dict:
     """bf16 autocast training step (fp32 weights, fused AdamW, paper dropout): tokens/s, MFU, peak memory."""
     import torch
 
-    from vanilla_transformer.benchmarking import token_counts, training_flops
+    from peers import token_counts, training_flops
 
     reset_peak(device)
     model = build_model(preset, s["vocab_size"], device).train()
@@ -286,7 +249,7 @@ def train_step_throughput(device, preset, s, peak_tflops) -> dict:
 def beam_throughput(device, s) -> dict:
     import torch
 
-    from vanilla_transformer.benchmarking import generate_fixed_length
+    from peers import generate_fixed_length
 
     reset_peak(device)
     model = build_model(s["beam_preset"], s["vocab_size"], device, dtype=torch.bfloat16).eval()
@@ -311,14 +274,14 @@ def train_vs_marian_bf16(device, s) -> dict:
     way Trainer --bf16 does: autocast, fp32 weights, fused AdamW. Interleaved."""
     import torch
 
-    from vanilla_transformer import benchmarking
+    import peers
 
-    spec = benchmarking.BenchmarkSpec(
+    spec = peers.BenchmarkSpec(
         preset=s["attention_preset"], vocab_size=s["vocab_size"], batch_size=s["train_batch"],
         source_length=s["source_length"], target_length=s["target_length"], threads=torch.get_num_threads())
-    models = {name: model.to(device).train() for name, model in benchmarking.build_models(spec).items()}
+    models = {name: model.to(device).train() for name, model in peers.build_models(spec).items()}
     config = models["ours"].config
-    batch = {k: v.to(device) for k, v in benchmarking.training_batch(spec, config).items()}
+    batch = {k: v.to(device) for k, v in peers.training_batch(spec, config).items()}
 
     def train_step(model):
         optimizer = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=1e-4,
@@ -330,41 +293,41 @@ def train_vs_marian_bf16(device, s) -> dict:
     ms = interleaved_ms(steps, device, s["timed_steps"], s["warmup_steps"])
     del models, steps
     return {"preset": spec.preset, "batch": spec.batch_size, "source_width": batch["input_ids"].shape[1],
-            "target_width": batch["labels"].shape[1], "tokens": benchmarking.token_counts(batch), "step_ms": ms,
+            "target_width": batch["labels"].shape[1], "tokens": peers.token_counts(batch), "step_ms": ms,
             "speed_vs_marian": ms["marian"] / ms["ours"]}
 
 
 def speed_vs_peers(device, s) -> dict:
-    """scripts/benchmark.py's comparisons on this device, fp32 and interleaved as there: ours vs MarianMTModel of
+    """scripts/benchmarks/benchmark.py's comparisons on this device, fp32 and interleaved as there: ours vs MarianMTModel of
     the same shape (training step, greedy and beam-4 decoding of a fixed length), and beam 4 against the
     textbook decoder (no cache) as the output grows. Ratios are peer time / our time."""
     import torch
 
-    from vanilla_transformer import benchmarking
+    import peers
 
     p = s["peers"]
-    spec = benchmarking.BenchmarkSpec(
+    spec = peers.BenchmarkSpec(
         preset=p["preset"], vocab_size=p["vocab_size"], batch_size=p["train_batch"], source_length=p["length"],
         target_length=p["length"], generation_batch_size=p["decode_batch"], new_tokens=p["new_tokens"],
         curve_lengths=p["curve"], repeats=p["repeats"], threads=torch.get_num_threads())
-    models = {name: model.to(device) for name, model in benchmarking.build_models(spec).items()}
+    models = {name: model.to(device) for name, model in peers.build_models(spec).items()}
     config = models["ours"].config
-    textbook = benchmarking.TextbookDecoder(models["ours"])
+    textbook = peers.TextbookDecoder(models["ours"])
 
     def medians_ms(tasks, repeats, warmup=2):
         return interleaved_ms(tasks, device, repeats, warmup)
 
-    batch = {k: v.to(device) for k, v in benchmarking.training_batch(spec, config).items()}
-    steps = {name: benchmarking.make_train_step(model, batch) for name, model in models.items()}
+    batch = {k: v.to(device) for k, v in peers.training_batch(spec, config).items()}
+    steps = {name: peers.make_train_step(model, batch) for name, model in models.items()}
 
     train = medians_ms(steps, p["repeats"])
-    result = {"preset": p["preset"], "vocab_size": p["vocab_size"], "targets": benchmarking.TARGETS,
+    result = {"preset": p["preset"], "vocab_size": p["vocab_size"], "targets": peers.TARGETS,
               "train_ms": train, "train_speed_vs_marian": train["marian"] / train["ours"]}
-    source = {k: v.to(device) for k, v in benchmarking.source_batch(spec, config, p["decode_batch"]).items()}
+    source = {k: v.to(device) for k, v in peers.source_batch(spec, config, p["decode_batch"]).items()}
     outputs = {}
     for workload, beams in (("greedy", 1), ("beam", 4)):
         def ours_or_marian(name, b=beams):
-            outputs[name, b] = benchmarking.generate_fixed_length(models[name], **source, new_tokens=p["new_tokens"],
+            outputs[name, b] = peers.generate_fixed_length(models[name], **source, new_tokens=p["new_tokens"],
                                                                   num_beams=b)
 
         def textbook_run(b=beams):
@@ -381,7 +344,7 @@ def speed_vs_peers(device, s) -> dict:
     static = {}
     for name in ("ours", "marian"):
         def decode_static(name=name):
-            static[name] = benchmarking.generate_fixed_length(models[name], **source, new_tokens=p["new_tokens"],
+            static[name] = peers.generate_fixed_length(models[name], **source, new_tokens=p["new_tokens"],
                                                               cache_implementation="static")
         static[name + " task"] = decode_static
     ms = medians_ms({name: static.pop(name + " task") for name in ("ours", "marian")}, p["repeats"], warmup=2)
@@ -392,7 +355,7 @@ def speed_vs_peers(device, s) -> dict:
     curve = []
     for length in p["curve"]:
         ms = medians_ms({
-            "ours": lambda n=length: benchmarking.generate_fixed_length(models["ours"], **source, new_tokens=n,
+            "ours": lambda n=length: peers.generate_fixed_length(models["ours"], **source, new_tokens=n,
                                                                         num_beams=4),
             "textbook": lambda n=length: textbook.beam(**source, new_tokens=n, num_beams=4),
         }, max(1, p["repeats"] - 1), warmup=0)
@@ -542,9 +505,9 @@ def render_markdown(report: dict) -> str:
 
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--cpu-smoke", action="store_true", help="tiny sizes on the CPU, to test this script")
+    parser.add_argument("--cpu_smoke", action="store_true", help="tiny sizes on the CPU, to test this script")
     parser.add_argument("--out", type=Path, default=None, help="default: $OUT, else device_check_out/")
-    parser.add_argument("--budget-s", type=float, default=420.0,
+    parser.add_argument("--budget_s", type=float, default=420.0,
                         help="skip the sections not started after this many seconds (default 420)")
     parser.add_argument("--skip", nargs="*", default=[], help="section names to skip")
     args = parser.parse_args(argv)
@@ -553,7 +516,7 @@ def main(argv=None) -> int:
 
     if not args.cpu_smoke and not torch.cuda.is_available():
         print(f"device_check: no CUDA device (torch {torch.__version__}, CUDA build {torch.version.cuda}); "
-              "nothing to measure. Run it on a GPU machine, or pass --cpu-smoke to exercise the code on the CPU.")
+              "nothing to measure. Run it on a GPU machine, or pass --cpu_smoke to exercise the code on the CPU.")
         return 0
     out_dir = args.out or Path(os.environ.get("OUT") or "device_check_out")
     out_dir.mkdir(parents=True, exist_ok=True)
@@ -610,11 +573,10 @@ def main(argv=None) -> int:
 
     report["wall_s"] = time.perf_counter() - start
     report["ok"] = all(v.get("ok") for v in report["sections"].values())
-    (out_dir / "device_check.json").write_text(json.dumps(report, indent=2, default=str))
     markdown = render_markdown(report)
-    (out_dir / "device_check.md").write_text(markdown)
+    paths = toolkit.write_report(out_dir / "device_check", report, markdown)
     print(markdown)
-    print(f"device_check: wrote {out_dir / 'device_check.json'} and {out_dir / 'device_check.md'}")
+    print(f"device_check: wrote {paths['json']} and {paths['md']}")
     return 0 if report["ok"] else 1
 
 
