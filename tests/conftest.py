@@ -66,3 +66,48 @@ def tiny_tokenizer():
     backend.post_processor = processors.TemplateProcessing(single="$A </s>", special_tokens=[("</s>", 2)])
     return PreTrainedTokenizerFast(tokenizer_object=backend, pad_token="<pad>", bos_token="<s>", eos_token="</s>",
                                    unk_token="<unk>")
+
+
+# The first lines of a script run by `run_without_the_package`: a fresh interpreter (`python -I`: no PYTHONPATH,
+# no script folder on sys.path) where the package cannot be imported, as on a machine that only has
+# transformers. The editable install's finder sits on sys.meta_path, so a blocking finder goes first.
+WITHOUT_THE_PACKAGE = r'''
+import importlib.abc, json, os, sys
+
+class BlockPackage(importlib.abc.MetaPathFinder):
+    def find_spec(self, name, path=None, target=None):
+        if name.split(".")[0] == "vanilla_transformer":
+            raise ImportError(f"{name} is blocked: this process must work without the package")
+
+sys.meta_path.insert(0, BlockPackage())
+sys.path[:] = [p for p in sys.path if not os.path.isdir(os.path.join(p or os.getcwd(), "vanilla_transformer"))]
+try:
+    import vanilla_transformer
+except ImportError:
+    pass
+else:
+    raise SystemExit("vanilla_transformer is importable in the remote-code process")
+
+import builtins
+prompts = []  # transformers asks "Do you wish to run the custom code?" when trust_remote_code is left None
+builtins.input = lambda prompt="": prompts.append(prompt) or "n"
+
+'''
+
+
+def run_without_the_package(body: str, args: dict, workdir, **env) -> dict:
+    """Run `body` (which reads `json.loads(sys.argv[1])` and prints "RESULT " + json) where only transformers is
+    installed; return what it printed."""
+    import json
+    import subprocess
+
+    workdir = Path(workdir)
+    workdir.mkdir(parents=True, exist_ok=True)
+    script = workdir / "without_the_package.py"
+    script.write_text(WITHOUT_THE_PACKAGE + body)
+    environment = {k: v for k, v in os.environ.items() if not k.startswith(("HF_", "HUGGING", "TRANSFORMERS_", "PYTHON"))}
+    environment.update(HF_HUB_OFFLINE="1", OMP_NUM_THREADS="1", TOKENIZERS_PARALLELISM="false", **env)
+    run = subprocess.run([sys.executable, "-I", str(script), json.dumps(args)], cwd=workdir, env=environment,
+                         capture_output=True, stdin=subprocess.DEVNULL, text=True, timeout=300)
+    assert run.returncode == 0, run.stderr[-3000:]
+    return json.loads(run.stdout.split("RESULT ", 1)[1])

@@ -147,3 +147,17 @@ def test_command_line_tool_averages_the_last_checkpoints(three_checkpoints, tmp_
     explicit = ["--checkpoints", *map(str, three_checkpoints), "--output_dir", str(tmp_path / "cli")]
     with pytest.raises(ValueError, match="not empty"):  # in-process: a second interpreter start costs seconds
         runpy.run_path(str(ROOT / "scripts" / "average_checkpoints.py"), run_name="cli").get("main")(explicit)
+
+
+def test_a_logits_bias_is_averaged_like_every_other_tensor(tmp_path):
+    folders = []
+    for seed in range(2):
+        model = tiny_model(seed=seed, lm_head_bias=True)
+        with torch.no_grad():
+            model.lm_head.bias.normal_(generator=torch.Generator().manual_seed(seed))
+        model.save_pretrained(tmp_path / f"checkpoint-{seed + 1}")
+        folders.append(tmp_path / f"checkpoint-{seed + 1}")
+    averaged = read_weights(average_checkpoints(folders, tmp_path / "averaged"))
+    expected = (read_weights(folders[0])["lm_head.bias"] + read_weights(folders[1])["lm_head.bias"]) / 2
+    torch.testing.assert_close(averaged["lm_head.bias"], expected, atol=1e-7, rtol=0)
+    assert AutoModelForSeq2SeqLM.from_pretrained(tmp_path / "averaged").lm_head.bias is not None

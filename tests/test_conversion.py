@@ -10,7 +10,7 @@ import torch
 from transformers import AutoModelForSeq2SeqLM, MarianConfig, MarianMTModel
 from transformers.models.marian.modeling_marian import MarianSinusoidalPositionalEmbedding
 
-from conftest import VOCAB, tiny_tokenizer
+from conftest import VOCAB, run_without_the_package, tiny_tokenizer
 from vanilla_transformer import VanillaTransformerForConditionalGeneration, conversion
 from vanilla_transformer.conversion import convert_marian, residual_permutation
 from vanilla_transformer.modeling_vanilla_transformer import SinusoidalPositionalEncoding
@@ -124,11 +124,55 @@ def test_greedy_and_beam_search_translate_identically(seed):
                        marian.generate(input_ids=input_ids, attention_mask=attention_mask))
 
 
-def test_a_nonzero_final_logits_bias_is_refused():
+@pytest.mark.parametrize("bias", ["nonzero", "zero"])
+def test_an_opus_mt_logits_bias_converts_exactly(bias):
+    """Every OPUS-MT checkpoint was trained with an output-layer bias (transformers' `final_logits_bias`)."""
     marian = tiny_marian()
-    marian.final_logits_bias[0, 5] = -0.25
-    with pytest.raises(ValueError, match=r"final_logits_bias is not zero \(max \|value\| 0\.25\)"):
-        convert_marian(marian)
+    if bias == "nonzero":
+        with torch.no_grad():
+            marian.final_logits_bias.normal_(0, 2.0, generator=torch.Generator().manual_seed(3))
+    converted = convert_marian(marian)
+    assert converted.config.lm_head_bias == (bias == "nonzero")
+    assert ("lm_head.bias" in converted.state_dict()) == (bias == "nonzero")
+    batch = padded_batch()
+    torch.testing.assert_close(logits(converted, *batch), logits(marian, *batch), atol=ATOL_FLOAT32, rtol=0)
+    input_ids, attention_mask, _ = batch
+    for beams in (1, 4):
+        expected = marian.generate(input_ids=input_ids, attention_mask=attention_mask, max_new_tokens=12, num_beams=beams)
+        actual = converted.generate(input_ids=input_ids, attention_mask=attention_mask, max_new_tokens=12,
+                                    num_beams=beams)
+        assert torch.equal(actual, expected), beams
+    if bias == "nonzero":  # the bias decides: without it the logits move far beyond rounding
+        with torch.no_grad():
+            converted.lm_head.bias.zero_()
+        assert (logits(converted, *batch) - logits(marian, *batch)).abs().max() > 1.0
+
+
+def test_a_converted_model_with_a_logits_bias_loads_and_decodes_the_same_without_the_package(tmp_path):
+    marian = tiny_marian()
+    with torch.no_grad():
+        marian.final_logits_bias.normal_(0, 2.0, generator=torch.Generator().manual_seed(3))
+    convert_marian(marian, tmp_path / "vanilla")
+    input_ids, attention_mask, decoder_input_ids = padded_batch()
+    body = """
+import torch
+from transformers import AutoModelForSeq2SeqLM
+args = json.loads(sys.argv[1])
+model = AutoModelForSeq2SeqLM.from_pretrained(args["folder"], trust_remote_code=True).eval()
+ids, mask, decoder = (torch.tensor(args[k]) for k in ("input_ids", "attention_mask", "decoder_input_ids"))
+with torch.no_grad():
+    logits = model(input_ids=ids, attention_mask=mask, decoder_input_ids=decoder).logits
+    beams = model.generate(input_ids=ids, attention_mask=mask, max_new_tokens=12, num_beams=4)
+print("RESULT " + json.dumps({"logits": logits.tolist(), "beams": beams.tolist(), "module": type(model).__module__}))
+"""
+    result = run_without_the_package(body, {"folder": str(tmp_path / "vanilla"), "input_ids": input_ids.tolist(),
+                                            "attention_mask": attention_mask.tolist(),
+                                            "decoder_input_ids": decoder_input_ids.tolist()}, tmp_path / "cwd")
+    assert result["module"].startswith("transformers_modules.")
+    expected = logits(marian, input_ids, attention_mask, decoder_input_ids)
+    torch.testing.assert_close(torch.tensor(result["logits"]), expected, atol=ATOL_FLOAT32, rtol=0)
+    assert result["beams"] == marian.generate(input_ids=input_ids, attention_mask=attention_mask, max_new_tokens=12,
+                                              num_beams=4).tolist()
 
 
 def test_separate_vocabularies_are_refused():

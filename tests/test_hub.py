@@ -6,8 +6,6 @@ import importlib.util
 import json
 import os
 import shutil
-import subprocess
-import sys
 from pathlib import Path
 
 import huggingface_hub
@@ -16,6 +14,7 @@ import torch
 from huggingface_hub.errors import HfHubHTTPError
 from test_pipeline import SOURCES, toy_translator
 
+from conftest import run_without_the_package
 from vanilla_transformer.hub import check_hub_folder, missing_hub_files, resolve_token, save_for_hub, stage_for_hub
 from vanilla_transformer.metrics import bleu_signature
 from vanilla_transformer.pipeline_vanilla_transformer import translation_pipeline
@@ -28,29 +27,7 @@ SAVED_FILES = ["README.md", "config.json", "configuration_vanilla_transformer.py
                "model.safetensors", "modeling_vanilla_transformer.py", "pipeline_vanilla_transformer.py",
                "tokenizer.json", "tokenizer_config.json"]
 
-# Runs in a fresh interpreter (`python -I`: no PYTHONPATH, no script folder on sys.path) where the package
-# cannot be imported: the editable install's finder sits on sys.meta_path, so a blocking finder goes first.
 REMOTE_CHECK = r'''
-import importlib.abc, json, os, sys
-
-class BlockPackage(importlib.abc.MetaPathFinder):
-    def find_spec(self, name, path=None, target=None):
-        if name.split(".")[0] == "vanilla_transformer":
-            raise ImportError(f"{name} is blocked: this process must work without the package")
-
-sys.meta_path.insert(0, BlockPackage())
-sys.path[:] = [p for p in sys.path if not os.path.isdir(os.path.join(p or os.getcwd(), "vanilla_transformer"))]
-try:
-    import vanilla_transformer
-except ImportError:
-    pass
-else:
-    raise SystemExit("vanilla_transformer is importable in the remote-code process")
-
-import builtins
-prompts = []  # transformers asks "Do you wish to run the custom code?" when trust_remote_code is left None
-builtins.input = lambda prompt="": prompts.append(prompt) or "n"
-
 import torch
 torch.set_num_threads(1)
 from transformers import AutoModelForSeq2SeqLM, AutoTokenizer, pipeline
@@ -126,18 +103,8 @@ def test_a_fresh_process_without_the_package_translates_the_same_from_a_folder_a
     shutil.copytree(folder, snapshot)
     (snapshot.parents[1] / "refs").mkdir()
     (snapshot.parents[1] / "refs" / "main").write_text(SNAPSHOT)
-    workdir = tmp_path / "cwd"
-    workdir.mkdir()
-    script = workdir / "remote_check.py"
-    script.write_text(REMOTE_CHECK)
-    env = {k: v for k, v in os.environ.items()
-           if not k.startswith(("HF_", "HUGGING", "TRANSFORMERS_", "PYTHON"))}
-    env.update(HF_HOME=str(hf_home), HF_HUB_OFFLINE="1", OMP_NUM_THREADS="1", TOKENIZERS_PARALLELISM="false")
-    args = json.dumps({"folder": str(folder), "hub_id": HUB_ID, "sources": SOURCES, "settings": SETTINGS})
-    run = subprocess.run([sys.executable, "-I", str(script), args], cwd=workdir, env=env, capture_output=True,
-                         stdin=subprocess.DEVNULL, text=True, timeout=300)
-    assert run.returncode == 0, run.stderr[-3000:]
-    results = json.loads(run.stdout.split("RESULT ", 1)[1])
+    args = {"folder": str(folder), "hub_id": HUB_ID, "sources": SOURCES, "settings": SETTINGS}
+    results = run_without_the_package(REMOTE_CHECK, args, tmp_path / "cwd", HF_HOME=str(hf_home))
 
     assert results["package_modules"] == [] and results["prompts"] == []
     for source in (str(folder), HUB_ID):

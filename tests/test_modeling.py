@@ -744,3 +744,37 @@ def test_a_decoder_batch_of_another_size_than_the_source_batch_is_refused():
     input_ids, attention_mask, _ = random_batch(batch=2)
     with pytest.raises(ValueError, match="decoder inputs hold 4 sequences but the encoder output holds 2"):
         model(input_ids=input_ids, attention_mask=attention_mask, labels=torch.randint(4, VOCAB, (4, 5)))
+
+
+# An optional logits bias (lm_head_bias), for converted OPUS-MT checkpoints ------------------------------
+
+def test_without_lm_head_bias_the_model_and_old_checkpoints_are_unchanged(tmp_path):
+    model = tiny_model()
+    assert model.lm_head.bias is None and "lm_head.bias" not in model.state_dict()
+    model.save_pretrained(tmp_path)
+    config = json.loads((tmp_path / "config.json").read_text())
+    del config["lm_head_bias"]  # as every checkpoint saved before the field existed
+    (tmp_path / "config.json").write_text(json.dumps(config))
+    loaded, info = AutoModelForSeq2SeqLM.from_pretrained(tmp_path, output_loading_info=True)
+    assert not info["missing_keys"] and not info["unexpected_keys"] and loaded.lm_head.bias is None
+
+
+def test_the_lm_head_bias_is_saved_reloaded_and_padded_with_zeros_for_new_tokens(tmp_path):
+    model = tiny_model(lm_head_bias=True)
+    assert torch.equal(model.lm_head.bias, torch.zeros(VOCAB))  # a new model starts unbiased
+    with torch.no_grad():
+        model.lm_head.bias.normal_(generator=torch.Generator().manual_seed(0))
+    input_ids, attention_mask, labels = random_batch()
+    decoder_input_ids = model.prepare_decoder_input_ids_from_labels(labels)
+    with_bias = logits(model, input_ids, attention_mask, decoder_input_ids)
+    model.save_pretrained(tmp_path)
+    with safe_open(tmp_path / "model.safetensors", "pt") as weights:
+        assert "lm_head.bias" in weights.keys()
+    loaded = AutoModelForSeq2SeqLM.from_pretrained(tmp_path).eval()
+    torch.testing.assert_close(logits(loaded, input_ids, attention_mask, decoder_input_ids), with_bias, atol=0, rtol=0)
+    assert loaded.lm_head.weight is loaded.model.shared.weight
+    old = loaded.lm_head.bias.detach().clone()
+    loaded.resize_token_embeddings(VOCAB + 8)
+    assert loaded.lm_head.bias.shape == (VOCAB + 8,) and loaded.lm_head.weight is loaded.model.shared.weight
+    torch.testing.assert_close(loaded.lm_head.bias[:VOCAB], old, atol=0, rtol=0)
+    assert not loaded.lm_head.bias[VOCAB:].any()

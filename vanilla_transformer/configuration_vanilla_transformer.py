@@ -70,6 +70,8 @@ class VanillaTransformerConfig(PreTrainedConfig):
     normalize_before: bool = False
     # §3.4: embeddings are multiplied by sqrt(d_model).
     scale_embedding: bool = True
+    # Not in the paper: a learned bias on the output projection (the logits), as OPUS-MT's Marian models have.
+    lm_head_bias: bool = False
     layer_norm_eps: float = 1e-5
     # §5.4's label smoothing, applied inside the model's loss so it works with any collator. 0 (plain
     # cross-entropy, what every transformers tool expects of a loss) unless asked for; the presets ask for 0.1.
@@ -108,7 +110,7 @@ class VanillaTransformerConfig(PreTrainedConfig):
                 raise TypeError(f"`{name}` must be an int, got {value!r} ({type(value).__name__}).")
             if value <= 0:
                 raise ValueError(f"`{name}` must be positive, got {value}.")
-        for name in ["normalize_before", "scale_embedding"]:
+        for name in ["normalize_before", "scale_embedding", "lm_head_bias"]:
             value = getattr(self, name)
             if not isinstance(value, bool):  # the string "False" would silently read as true
                 raise TypeError(f"`{name}` must be True or False, got {value!r}.")

@@ -28,8 +28,8 @@ from .checkpoints import TOKENIZER_FILES, check_output_dir, copy_side_files
 from .configuration_vanilla_transformer import VanillaTransformerConfig
 from .modeling_vanilla_transformer import VanillaTransformerForConditionalGeneration
 
-# Marian-only tensors: the position tables are recomputed by our model, the logits bias must be zero.
-_DROPPED = ("model.encoder.embed_positions.weight", "model.decoder.embed_positions.weight", "final_logits_bias")
+# Marian-only tensors: the position tables are recomputed by our model.
+_DROPPED = ("model.encoder.embed_positions.weight", "model.decoder.embed_positions.weight")
 
 
 def marian_config_like(config: VanillaTransformerConfig, max_positions: int = 512) -> MarianConfig:
@@ -88,16 +88,23 @@ def config_from_marian(marian: MarianConfig) -> VanillaTransformerConfig:
     )
 
 
-def state_dict_from_marian(state_dict: dict[str, torch.Tensor], d_model: int) -> dict[str, torch.Tensor]:
-    """Rename Marian's tensors to ours and permute every residual-stream axis by `residual_permutation`."""
+def has_logits_bias(state_dict: dict[str, torch.Tensor]) -> bool:
+    """Whether a Marian model's `final_logits_bias` (trained by OPUS-MT's Marian) holds anything but zeros."""
     bias = state_dict.get("final_logits_bias")
-    if bias is not None and bias.abs().max() != 0:
-        raise ValueError(f"final_logits_bias is not zero (max |value| {bias.abs().max().item():.3g}); our model has "
-                         "no output bias, so this model cannot be converted exactly.")
+    return bias is not None and bool(bias.abs().max() != 0)
+
+
+def state_dict_from_marian(state_dict: dict[str, torch.Tensor], d_model: int) -> dict[str, torch.Tensor]:
+    """Rename Marian's tensors to ours and permute every residual-stream axis by `residual_permutation`; a
+    non-zero `final_logits_bias` becomes `lm_head.bias` (for a config with `lm_head_bias=True`)."""
     permutation = residual_permutation(d_model)
     converted = {}
     for name, tensor in state_dict.items():
         if name in _DROPPED:
+            continue
+        if name == "final_logits_bias":  # over the vocabulary, not the residual stream: nothing to permute
+            if has_logits_bias(state_dict):
+                converted["lm_head.bias"] = tensor.reshape(-1).clone()
             continue
         name = name.replace(".fc1.", ".ffn.fc1.").replace(".fc2.", ".ffn.fc2.")
         converted[name] = _permute(name, tensor, permutation)
@@ -106,9 +113,10 @@ def state_dict_from_marian(state_dict: dict[str, torch.Tensor], d_model: int) ->
 
 def state_dict_to_marian(state_dict: dict[str, torch.Tensor], d_model: int) -> dict[str, torch.Tensor]:
     """The inverse of `state_dict_from_marian`: our tensors under Marian's names, the residual stream unpermuted
-    (Marian's position tables and zero logits bias are buffers it computes itself)."""
+    (Marian's position tables are buffers it computes itself; `lm_head.bias` becomes `final_logits_bias`)."""
     inverse = torch.argsort(residual_permutation(d_model))
-    return {name.replace(".ffn.fc", ".fc"): _permute(name, tensor, inverse) for name, tensor in state_dict.items()}
+    return {name.replace(".ffn.fc", ".fc"): _permute(name, tensor, inverse) if name != "lm_head.bias"
+            else tensor.reshape(1, -1).clone() for name, tensor in state_dict.items()}
 
 
 def _permute(name: str, tensor: torch.Tensor, permutation: torch.Tensor) -> torch.Tensor:
@@ -141,6 +149,7 @@ def convert_marian(marian: MarianMTModel | str | os.PathLike, output_dir: str | 
         source = Path(marian)
         marian = MarianMTModel.from_pretrained(source, use_safetensors=None if allow_pickle else True)
     config = config_from_marian(marian.config)
+    config.lm_head_bias = has_logits_bias(marian.state_dict())
     weights = state_dict_from_marian(marian.state_dict(), config.d_model)
     model = VanillaTransformerForConditionalGeneration(config)
     missing, unexpected = model.load_state_dict(weights, strict=False)
@@ -157,4 +166,4 @@ def convert_marian(marian: MarianMTModel | str | os.PathLike, output_dir: str | 
 
 
 __all__ = ["marian_config_like", "convert_marian", "config_from_marian", "state_dict_from_marian", "state_dict_to_marian",
-           "residual_permutation"]
+           "has_logits_bias", "residual_permutation"]

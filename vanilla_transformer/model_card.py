@@ -168,7 +168,9 @@ def model_card_variables(
         "vocab_size": config.vocab_size,
         "embedding": ("one matrix for the source and target embeddings and the pre-softmax projection (§3.4)"
                       if config.tie_word_embeddings else "**untied** input embeddings and pre-softmax projection")
-        + (", multiplied by sqrt(d_model)" if config.scale_embedding else ", not scaled by sqrt(d_model)"),
+        + (", multiplied by sqrt(d_model)" if config.scale_embedding else ", not scaled by sqrt(d_model)")
+        + ("; the pre-softmax projection adds a learned bias to the logits (`lm_head_bias`, as in OPUS-MT's "
+           "Marian models; not in the paper)" if config.lm_head_bias else ""),
         "norm": "pre-LN, x + Sublayer(LayerNorm(x)), with a final LayerNorm" if config.normalize_before
         else "post-LN, LayerNorm(x + Dropout(Sublayer(x))) as in §3.1",
         "activation": config.activation_function,
