@@ -2,11 +2,11 @@
 
     python scripts/push_to_hub.py --model_dir runs/base/averaged --repo_id my-org/transformer-base-en-de \\
         --card_results eval_results.json --languages en de --license apache-2.0 --dataset_name "WMT14 en-de"
-    python scripts/push_to_hub.py --model_dir runs/base/averaged --repo_id my-org/x --dry-run
+    python scripts/push_to_hub.py --model_dir runs/base/averaged --repo_id my-org/x --dry_run
 
 The model folder is only read: its top-level files are copied to a staging folder, which gets the translation
 pipeline (if it was saved without it) and the model card, and is checked for completeness before anything is
-uploaded. --dry-run keeps the staging folder (default <model_dir>-hub-dry-run) instead of uploading.
+uploaded. --dry_run keeps the staging folder (default <model_dir>-hub-dry-run) instead of uploading.
 
 --card_results is a JSON file with the scores, as `vanilla_transformer.metrics.corpus_scores` returns them
 (bleu, bleu_signature, chrf, chrf_signature; optionally dataset_split, dataset_config, dataset_type, decoding),
@@ -57,9 +57,9 @@ def main(argv=None) -> int:
     parser.add_argument("--repo_id", required=True, help="target repository, org/name")
     parser.add_argument("--private", action="store_true", help="create the repository as private")
     parser.add_argument("--token", help="Hub token with write access (default: HF_TOKEN or `hf auth login`)")
-    parser.add_argument("--dry-run", "--dry_run", dest="dry_run", action="store_true",
+    parser.add_argument("--dry_run", action="store_true",
                         help="stage and check, write the staging folder to --dry_run_dir, upload nothing")
-    parser.add_argument("--dry_run_dir", "--dry-run-dir", help="default: <model_dir>-hub-dry-run")
+    parser.add_argument("--dry_run_dir", help="default: <model_dir>-hub-dry-run")
     parser.add_argument("--card_results", help="JSON with the scores (and card fields) for the model card")
     parser.add_argument("--languages", nargs="+", help="ISO 639 codes, source then target: en de")
     parser.add_argument("--license", help="Hub license id, e.g. apache-2.0")

@@ -155,7 +155,7 @@ def no_token(monkeypatch, tmp_path):
 def test_dry_run_stages_and_lists_exactly_the_model_files(push_to_hub, model_dir, results_file, capsys):
     before = fingerprint(model_dir)
     dry_run_dir = model_dir.parent / "run-hub-dry-run"
-    assert push_to_hub.main(["--model_dir", str(model_dir), "--repo_id", HUB_ID, "--dry-run",
+    assert push_to_hub.main(["--model_dir", str(model_dir), "--repo_id", HUB_ID, "--dry_run",
                              "--card_results", str(results_file)]) == 0
     assert fingerprint(model_dir) == before
     assert sorted(os.listdir(dry_run_dir)) == SAVED_FILES  # no Trainer state, sub-folder or hidden file
@@ -171,7 +171,7 @@ def test_dry_run_refuses_a_folder_that_is_in_the_way(push_to_hub, model_dir, cap
     (model_dir.parent / "run-hub-dry-run").mkdir()
     (model_dir.parent / "run-hub-dry-run" / "old.txt").write_text("x")
     with pytest.raises(SystemExit) as exit_:
-        push_to_hub.main(["--model_dir", str(model_dir), "--repo_id", HUB_ID, "--dry-run"])
+        push_to_hub.main(["--model_dir", str(model_dir), "--repo_id", HUB_ID, "--dry_run"])
     assert exit_.value.code == 2 and "exists and is not empty" in capsys.readouterr().err
 
 
@@ -191,7 +191,7 @@ def test_push_of_an_incomplete_folder_names_the_missing_files(push_to_hub, model
     (model_dir / "modeling_vanilla_transformer.py").unlink()
     before = fingerprint(model_dir)
     with pytest.raises(SystemExit) as exit_:
-        push_to_hub.main(["--model_dir", str(model_dir), "--repo_id", HUB_ID, "--token", "hf_fake", "--dry-run"])
+        push_to_hub.main(["--model_dir", str(model_dir), "--repo_id", HUB_ID, "--token", "hf_fake", "--dry_run"])
     assert exit_.value.code == 2
     error = capsys.readouterr().err
     assert "not a complete model folder" in error

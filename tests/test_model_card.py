@@ -126,9 +126,10 @@ def test_a_missing_template_fails_clearly(checkpoint, tmp_path):
 
 
 
-def test_the_card_says_when_the_checkpoint_has_a_logits_bias(checkpoint, tmp_path):
+def test_the_card_says_when_the_checkpoint_has_a_logits_bias(checkpoint, scores, tmp_path):
     _, folder = checkpoint
-    assert "lm_head_bias" not in render_model_card(folder).text
+    assert "lm_head_bias" not in render_model_card(folder, **card_fields(scores)).text
     model, tokenizer = toy_translator(lm_head_bias=True)
     save_for_hub(model, tokenizer, tmp_path / "biased")
-    assert "learned bias to the logits (`lm_head_bias`" in render_model_card(tmp_path / "biased").text
+    text = render_model_card(tmp_path / "biased", **card_fields(scores)).text
+    assert "learned bias to the logits (`lm_head_bias`" in text
