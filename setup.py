@@ -5,6 +5,7 @@ from setuptools import find_packages, setup
 TRAIN = ["datasets>=3.0", "accelerate>=1.0", "evaluate>=0.4", "sacrebleu>=2.4", "tokenizers>=0.23",
          "matplotlib>=3.7", "tensorboard>=2.14", "tqdm>=4.60",
          "jinja2>=3.1"]
+CTRANSLATE2 = ["ctranslate2>=4.8"]  # the export to CTranslate2 (vanilla_transformer.export)
 
 setup(
     name="vanilla-transformer",
@@ -18,6 +19,6 @@ setup(
     python_requires=">=3.10",
     # transformers moves its internals between minor releases: CI tests the oldest and newest we declare.
     install_requires=["torch>=2.6", "transformers>=5.23,<6", "safetensors>=0.8", "huggingface_hub>=1.31"],
-    extras_require={"train": TRAIN, "dev": TRAIN + ["pytest>=8"]},
+    extras_require={"train": TRAIN, "ctranslate2": CTRANSLATE2, "dev": TRAIN + CTRANSLATE2 + ["pytest>=8"]},
     classifiers=["Programming Language :: Python :: 3", "Topic :: Scientific/Engineering :: Artificial Intelligence"],
 )

@@ -4,6 +4,7 @@
     python scripts/translate.py --model demo_output/model --input sentences.en --output sentences.de
     echo "I see twenty-one red apples" | python scripts/translate.py --model demo_output/model
     echo "I carry the blue pigs" | python scripts/translate.py --model demo_output/model --attention_map attention.png
+    python scripts/translate.py --engine ctranslate2 --model demo_output/ct2-int8 --input sentences.en
 """
 
 import argparse
@@ -13,12 +14,15 @@ import torch
 from transformers import AutoModelForSeq2SeqLM, AutoTokenizer
 
 import vanilla_transformer  # noqa: F401  registers the model with the Auto classes
+from vanilla_transformer.export import translate_ctranslate2
 from vanilla_transformer.translation import cross_attention, translate
 
 
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--model", required=True, help="A folder saved by scripts/train.py (or a Hub id).")
+    parser.add_argument("--model", required=True, help="A folder saved by scripts/train.py (or a Hub id), or with "
+                                                        "--engine ctranslate2 one written by scripts/export_ctranslate2.py.")
+    parser.add_argument("--engine", choices=("transformers", "ctranslate2"), default="transformers")
     parser.add_argument("--input", default="-", help="One sentence per line; '-' reads stdin.")
     parser.add_argument("--output", default="-", help="'-' writes stdout.")
     parser.add_argument("--batch_size", type=int, default=64)
@@ -30,8 +34,6 @@ def main(argv=None):
                         help="Also draw the encoder-decoder attention of the first sentence into this PNG.")
     args = parser.parse_args(argv)
 
-    model = AutoModelForSeq2SeqLM.from_pretrained(args.model).to(args.device)
-    tokenizer = AutoTokenizer.from_pretrained(args.model)
     source = sys.stdin if args.input == "-" else open(args.input, encoding="utf-8")
     with source:
         lines = [line.rstrip("\n") for line in source]
@@ -39,8 +41,16 @@ def main(argv=None):
                        if v is not None}
     # Empty lines stay empty rather than being sent to the model.
     indices = [i for i, line in enumerate(lines) if line.strip()]
-    translations = translate(model, tokenizer, [lines[i] for i in indices], batch_size=args.batch_size,
-                             progress=args.output != "-", **generate_kwargs)
+    if args.engine == "ctranslate2":
+        if args.attention_map:
+            parser.error("--attention_map needs the transformers engine (the model's own attention weights).")
+        translations = translate_ctranslate2(args.model, [lines[i] for i in indices], batch_size=args.batch_size,
+                                             device=args.device, **generate_kwargs)
+    else:
+        model = AutoModelForSeq2SeqLM.from_pretrained(args.model).to(args.device)
+        tokenizer = AutoTokenizer.from_pretrained(args.model)
+        translations = translate(model, tokenizer, [lines[i] for i in indices], batch_size=args.batch_size,
+                                 progress=args.output != "-", **generate_kwargs)
     if args.attention_map and indices:
         from vanilla_transformer.plots import plot_cross_attention
 

@@ -1,0 +1,119 @@
+"""The CTranslate2 export decodes as our model does, and says clearly what it cannot do."""
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from conftest import tiny_model, tiny_tokenizer
+from vanilla_transformer.translation import translate
+
+ctranslate2 = pytest.importorskip("ctranslate2", reason="the CTranslate2 export is an optional extra")
+from vanilla_transformer.export import EXPORT_INFO, export_ctranslate2, translate_ctranslate2  # noqa: E402
+
+ROOT = Path(__file__).resolve().parents[1]
+# One batch, sentences of different lengths (the engine and generate() both pad them).
+SOURCES = ["w5 w9 w7 w30", "w11 w12", "w40 w41 w42 w43 w44 w45 w6 w8 w20", "w33", "w7 w7 w8 w9 w10"]
+
+
+def informative_model(normalize_before=False, seed=0):
+    """Weights drawn larger than the initialisation and LayerNorms perturbed, so that the translation depends
+    on the source and a misplaced tensor could not go unnoticed."""
+    model = tiny_model(seed=seed, normalize_before=normalize_before)
+    generator = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for name, parameter in model.named_parameters():
+            noise = torch.randn(parameter.shape, generator=generator)
+            if name.endswith("layer_norm.weight"):
+                parameter.copy_(1 + 0.5 * noise)
+            elif name == "model.shared.weight":
+                parameter.copy_(0.3 * noise)
+                parameter[model.config.eos_token_id] *= 0.01  # a logit near 0: outputs run long enough to compare
+            else:
+                parameter.copy_((0.2 if name.endswith("weight") else 0.1) * noise)
+    return model.eval()
+
+
+@pytest.mark.parametrize("num_beams", [1, 4])
+def test_the_fp32_export_translates_exactly_like_the_model(tmp_path, normalize_before, num_beams):
+    model, tokenizer = informative_model(normalize_before), tiny_tokenizer()
+    before = {name: tensor.clone() for name, tensor in model.state_dict().items()}
+    export_ctranslate2(model, tmp_path / "ct2", tokenizer=tokenizer)
+    # The converter works on copies: the model's own weights are untouched.
+    assert all(torch.equal(before[name], tensor) for name, tensor in model.state_dict().items())
+    settings = dict(num_beams=num_beams, max_new_tokens=10)
+    ours = translate(model, tokenizer, SOURCES, batch_size=8, length_penalty_type="hf", **settings)
+    exported = translate_ctranslate2(tmp_path / "ct2", SOURCES, batch_size=8, **settings)
+    assert exported == ours
+    assert num_beams > 1 or len(set(ours)) >= 2  # the translations depend on the source
+
+
+def test_the_export_gives_every_target_token_the_models_log_probability(tmp_path, normalize_before):
+    model, tokenizer = informative_model(normalize_before), tiny_tokenizer()
+    folder = export_ctranslate2(model, tmp_path / "ct2", tokenizer=tokenizer)
+    sources = [tokenizer.convert_ids_to_tokens(ids) for ids in tokenizer(SOURCES)["input_ids"]]
+    targets = [list(reversed(tokens[:-1])) for tokens in sources]  # any target will do: it is scored, not searched
+    scored = ctranslate2.Translator(str(folder)).score_batch(sources, targets)
+    for text, target, result in zip(SOURCES, targets, scored):
+        target_ids = tokenizer.convert_tokens_to_ids(target)
+        with torch.no_grad():
+            log_probs = model(**tokenizer([text], return_tensors="pt"),
+                              decoder_input_ids=torch.tensor([[model.config.decoder_start_token_id, *target_ids]]),
+                              ).logits[0].log_softmax(-1)
+        expected = log_probs[torch.arange(len(target_ids) + 1), torch.tensor([*target_ids, model.config.eos_token_id])]
+        torch.testing.assert_close(torch.tensor(result.log_probs), expected, atol=1e-4, rtol=0)
+
+
+def test_an_export_refuses_inputs_longer_than_its_position_table(tmp_path):
+    export_ctranslate2(informative_model(), tmp_path / "ct2", tokenizer=tiny_tokenizer(), max_positions=8)
+    assert translate_ctranslate2(tmp_path / "ct2", ["w5 w6 w7"], max_new_tokens=4)
+    with pytest.raises(ValueError, match=r"Input 1 has 10 tokens, more than the export's 8 positions"):
+        translate_ctranslate2(tmp_path / "ct2", ["w5", "w5 w6 w7 w8 w9 w10 w11 w12 w13"])
+
+
+def test_an_export_keeps_the_decoding_settings_and_never_overwrites(tmp_path):
+    from vanilla_transformer import paper_generation_config
+
+    model = informative_model()
+    model.generation_config = paper_generation_config(model.config)
+    folder = export_ctranslate2(model, tmp_path / "ct2", tokenizer=tiny_tokenizer())
+    info = json.loads((folder / EXPORT_INFO).read_text())
+    assert (info["num_beams"], info["length_penalty"], info["max_new_tokens_over_input"]) == (4, 0.6, 50)
+    assert "GNMT" in (folder / "README.md").read_text() and (folder / "tokenizer.json").is_file()
+    with pytest.raises(ValueError, match="not empty"):
+        export_ctranslate2(model, folder, tokenizer=tiny_tokenizer())
+
+
+def test_without_ctranslate2_the_exporter_says_how_to_install_it(monkeypatch, tmp_path):
+    import builtins
+
+    real_import = builtins.__import__
+
+    def no_ctranslate2(name, *args, **kwargs):
+        if name.split(".")[0] == "ctranslate2":
+            raise ImportError("No module named 'ctranslate2'")
+        return real_import(name, *args, **kwargs)
+
+    monkeypatch.setattr(builtins, "__import__", no_ctranslate2)
+    with pytest.raises(ImportError, match=r"pip install 'vanilla-transformer\[ctranslate2\]'"):
+        export_ctranslate2(tiny_model(), tmp_path / "ct2", tokenizer=tiny_tokenizer())
+
+
+def test_the_command_line_exports_a_saved_model_and_translates_with_it(tmp_path):
+    model, tokenizer = informative_model(), tiny_tokenizer()
+    model.save_pretrained(tmp_path / "model")
+    tokenizer.save_pretrained(tmp_path / "model")
+    env = {"HF_HUB_OFFLINE": "1", "OMP_NUM_THREADS": "1", "PATH": "/usr/bin:/bin"}
+    subprocess.run([sys.executable, str(ROOT / "scripts" / "export_ctranslate2.py"), "--model", str(tmp_path / "model"),
+                    "--output_dir", str(tmp_path / "ct2"), "--quantization", "int8"], check=True, env=env,
+                   capture_output=True, timeout=300)
+    lines = "w5 w9 w7\n\nw11 w12\n"  # a blank line stays blank, the order stays
+    run = subprocess.run([sys.executable, str(ROOT / "scripts" / "translate.py"), "--engine", "ctranslate2",
+                          "--model", str(tmp_path / "ct2"), "--max_new_tokens", "6"], input=lines, text=True,
+                         check=True, env=env, capture_output=True, timeout=300)
+    output = run.stdout.split("\n")
+    assert len(output) == 4 and output[1] == "" and output[0] and output[2]
+    assert output[0] == translate_ctranslate2(tmp_path / "ct2", ["w5 w9 w7"], max_new_tokens=6)[0]

@@ -1,0 +1,202 @@
+"""Export to CTranslate2, the inference engine OPUS-MT users deploy with, and translate with the export.
+
+The paper's Transformer is CTranslate2's `TransformerSpec` (post-LN or pre-LN, ReLU, shared embeddings), so
+the export is a change of layout, built on CTranslate2's public spec and converter API. What does not carry
+over as it is, and what the export does about it:
+
+- Positions: CTranslate2's built-in sinusoids are [sin | cos] halves with another frequency denominator, not
+  the paper's interleaved table. The export writes our table explicitly for positions 0 .. `max_positions`-1,
+  which caps the length of inputs and outputs: `translate_ctranslate2` refuses a longer input by name rather
+  than letting the engine cut it.
+- CTranslate2's converter modifies the arrays it is given in place: it gets copies, never the model's tensors.
+- Decoding: CTranslate2 ranks beam hypotheses by log P(Y) / |Y|^alpha (transformers' "hf" penalty) and has no
+  GNMT penalty, so a model saved with the paper's `length_penalty_type="gnmt"` decodes with |Y|^alpha there;
+  its length budget is absolute, so "source length + 50" is recomputed for each batch from its longest source.
+  The export records these settings in `vanilla_transformer_export.json` and its README.
+"""
+
+import json
+import math
+import os
+from pathlib import Path
+
+import torch
+
+from .checkpoints import check_output_dir
+from .modeling_vanilla_transformer import SinusoidalPositionalEncoding
+
+EXPORT_INFO = "vanilla_transformer_export.json"
+INSTALL_HINT = "pip install 'vanilla-transformer[ctranslate2]' (or: pip install ctranslate2)"
+_ACTIVATIONS = {"relu": "RELU", "gelu": "GELU", "swish": "SWISH", "silu": "SWISH", "gelu_new": "GELUTanh",
+                "gelu_pytorch_tanh": "GELUTanh"}
+
+
+def _ctranslate2():
+    try:
+        import ctranslate2
+    except ImportError as error:
+        raise ImportError(f"The CTranslate2 export and engine need the ctranslate2 package: {INSTALL_HINT}") from error
+    return ctranslate2
+
+
+def _load(model_or_dir, tokenizer):
+    from transformers import AutoModelForSeq2SeqLM, AutoTokenizer
+
+    if isinstance(model_or_dir, (str, os.PathLike)):
+        model = AutoModelForSeq2SeqLM.from_pretrained(model_or_dir)
+        tokenizer = tokenizer if tokenizer is not None else AutoTokenizer.from_pretrained(model_or_dir)
+    else:
+        model = model_or_dir
+    if tokenizer is None:
+        raise ValueError("Pass the tokenizer with an in-memory model (a saved folder brings its own).")
+    return model, tokenizer
+
+
+def transformer_spec(model, tokenizer, max_positions: int = 1024):
+    """CTranslate2's `TransformerSpec` holding copies of `model`'s weights and the tokenizer's vocabulary."""
+    _ctranslate2()
+    from ctranslate2.converters.utils import fuse_linear
+    from ctranslate2.specs import common_spec, transformer_spec as specs
+
+    config = model.config
+    if config.activation_function not in _ACTIVATIONS:
+        raise ValueError(f"CTranslate2 has no activation {config.activation_function!r}; "
+                         f"exportable: {sorted(_ACTIVATIONS)}.")
+    if config.encoder_attention_heads != config.decoder_attention_heads:
+        raise ValueError(f"CTranslate2's Transformer has one head count; this model has "
+                         f"{config.encoder_attention_heads} (encoder) and {config.decoder_attention_heads} (decoder).")
+    if len(tokenizer) > config.vocab_size:
+        raise ValueError(f"The tokenizer has {len(tokenizer)} tokens, more than the model's {config.vocab_size}.")
+    spec = specs.TransformerSpec.from_config(
+        (config.encoder_layers, config.decoder_layers), config.encoder_attention_heads,
+        pre_norm=config.normalize_before, activation=getattr(common_spec.Activation, _ACTIVATIONS[config.activation_function]))
+
+    def copy(tensor):  # the converter quantizes and reshapes in place
+        return tensor.detach().to("cpu", torch.float32).clone()
+
+    def linear(target, module):
+        target.weight = copy(module.weight)
+        if module.bias is not None:
+            target.bias = copy(module.bias)
+
+    def norm(target, module):
+        target.gamma, target.beta = copy(module.weight), copy(module.bias)
+
+    def attention(target, module, is_self):
+        parts = [common_spec.LinearSpec() for _ in range(3)]
+        for part, projection in zip(parts, (module.q_proj, module.k_proj, module.v_proj)):
+            linear(part, projection)
+        if is_self:
+            fuse_linear(target.linear[0], parts)
+        else:
+            fuse_linear(target.linear[0], parts[:1])
+            fuse_linear(target.linear[1], parts[1:])
+        linear(target.linear[-1], module.out_proj)
+
+    table = SinusoidalPositionalEncoding(config.d_model)(torch.arange(max_positions))
+    for stack_spec, stack in ((spec.encoder, model.model.encoder), (spec.decoder, model.model.decoder)):
+        stack_spec.scale_embeddings = math.sqrt(config.d_model) if config.scale_embedding else 1.0
+        stack_spec.position_encodings.encodings = table.clone()
+        embeddings = stack_spec.embeddings[0] if isinstance(stack_spec.embeddings, list) else stack_spec.embeddings
+        embeddings.weight = copy(model.model.shared.weight)
+        if stack.layer_norm is not None:
+            norm(stack_spec.layer_norm, stack.layer_norm)
+        for layer_spec, layer in zip(stack_spec.layer, stack.layers):
+            attention(layer_spec.self_attention, layer.self_attn, is_self=True)
+            norm(layer_spec.self_attention.layer_norm, layer.self_attn_layer_norm)
+            if hasattr(layer, "encoder_attn"):
+                attention(layer_spec.attention, layer.encoder_attn, is_self=False)
+                norm(layer_spec.attention.layer_norm, layer.encoder_attn_layer_norm)
+            linear(layer_spec.ffn.linear_0, layer.ffn.fc1)
+            linear(layer_spec.ffn.linear_1, layer.ffn.fc2)
+            norm(layer_spec.ffn.layer_norm, layer.final_layer_norm)
+    linear(spec.decoder.projection, model.lm_head)
+
+    tokens = tokenizer.convert_ids_to_tokens(list(range(len(tokenizer))))
+    tokens += [f"<unused_{i}>" for i in range(len(tokens), config.vocab_size)]  # ids the tokenizer never makes
+    spec.register_source_vocabulary(tokens)
+    spec.register_target_vocabulary(tokens)
+    start = config.bos_token_id if config.decoder_start_token_id is None else config.decoder_start_token_id
+    spec.config.bos_token = tokens[config.bos_token_id] if config.bos_token_id is not None else tokens[start]
+    spec.config.eos_token = tokens[config.eos_token_id]
+    spec.config.unk_token = tokenizer.unk_token or tokens[0]
+    spec.config.decoder_start_token = tokens[start]
+    spec.config.layer_norm_epsilon = config.layer_norm_eps
+    return spec
+
+
+def export_ctranslate2(model_or_dir, output_dir, quantization: str | None = None, tokenizer=None,
+                       max_positions: int = 1024) -> Path:
+    """Write a CTranslate2 model of `model_or_dir` (a model with `tokenizer`, or a saved folder) to `output_dir`,
+    a new folder, with the tokenizer, the decoding settings and a README beside it. `quantization`: None (the
+    weights' own float32), "int8", "int8_float16", "float16", ... as CTranslate2 accepts."""
+    ct2 = _ctranslate2()
+    output_dir = check_output_dir(output_dir)
+    model, tokenizer = _load(model_or_dir, tokenizer)
+    spec = transformer_spec(model, tokenizer, max_positions)
+
+    class VanillaTransformerConverter(ct2.converters.Converter):
+        def _load(self):
+            return spec
+
+    VanillaTransformerConverter().convert(str(output_dir), quantization=quantization, force=True)
+    tokenizer.save_pretrained(output_dir)
+    generation = model.generation_config
+    offset = getattr(generation, "max_new_tokens_over_input", None)
+    info = {"max_positions": max_positions, "quantization": quantization or "float32",
+            "num_beams": generation.num_beams or 1, "length_penalty": generation.length_penalty,
+            "length_penalty_type_in_the_model": getattr(generation, "length_penalty_type", "hf"),
+            "max_new_tokens_over_input": offset, "max_new_tokens": generation.max_new_tokens,
+            "ctranslate2": ct2.__version__}
+    (output_dir / EXPORT_INFO).write_text(json.dumps(info, indent=2) + "\n")
+    gnmt = info["length_penalty_type_in_the_model"] == "gnmt"
+    (output_dir / "README.md").write_text(f"""# CTranslate2 export of a vanilla_transformer model
+
+Weights: {info['quantization']}. Translate with `vanilla_transformer.export.translate_ctranslate2` or
+`scripts/translate.py --engine ctranslate2 --model {output_dir.name}` (the tokenizer is in this folder).
+
+- Inputs and outputs are limited to {max_positions} positions (the sinusoid table written into the model).
+- Beam size {info['num_beams']}, length penalty {info['length_penalty']} as log P / |Y|^alpha
+  {'(the model was saved with the GNMT penalty, which CTranslate2 does not have)' if gnmt else ''}.
+- Length budget: {f'source length + {offset} new tokens, per batch' if offset is not None else 'as the model saved it'}.
+""")
+    return output_dir
+
+
+def translate_ctranslate2(model_dir, texts: list[str], batch_size: int = 64, num_beams: int | None = None,
+                          max_new_tokens: int | None = None, threads: int = 0, device: str = "cpu",
+                          translator=None) -> list[str]:
+    """Translate `texts` with an export, in batches sorted by length, returning them in the input order; the
+    decoding settings come from the export unless given. `translator` reuses a loaded `ctranslate2.Translator`."""
+    ct2 = _ctranslate2()
+    from transformers import AutoTokenizer
+
+    if isinstance(texts, str):
+        raise TypeError("`texts` must be a list of strings, not one string.")
+    info = json.loads((Path(model_dir) / EXPORT_INFO).read_text())
+    tokenizer = AutoTokenizer.from_pretrained(model_dir)
+    if translator is None:
+        translator = ct2.Translator(str(model_dir), device=device, intra_threads=threads)
+    ids = tokenizer(list(texts))["input_ids"] if texts else []
+    for i, sentence in enumerate(ids):
+        if len(sentence) > info["max_positions"]:
+            raise ValueError(f"Input {i} has {len(sentence)} tokens, more than the export's {info['max_positions']} "
+                             f"positions: {texts[i][:80]!r}. Export again with a larger max_positions.")
+    order = sorted(range(len(ids)), key=lambda i: -len(ids[i]))
+    results = [None] * len(ids)
+    for start in range(0, len(order), batch_size):
+        batch = order[start:start + batch_size]
+        budget = max_new_tokens or info["max_new_tokens"]
+        if budget is None:
+            budget = max(len(ids[i]) for i in batch) + (info["max_new_tokens_over_input"] or 0)
+        output = translator.translate_batch(
+            [tokenizer.convert_ids_to_tokens(ids[i]) for i in batch], beam_size=num_beams or info["num_beams"],
+            length_penalty=1.0 if info["length_penalty"] is None else info["length_penalty"],
+            max_input_length=info["max_positions"], max_decoding_length=min(budget, info["max_positions"] - 1))
+        for i, result in zip(batch, output):
+            results[i] = tokenizer.decode(tokenizer.convert_tokens_to_ids(result.hypotheses[0]),
+                                          skip_special_tokens=True).strip()
+    return results
+
+
+__all__ = ["export_ctranslate2", "translate_ctranslate2", "transformer_spec", "EXPORT_INFO"]
