@@ -478,9 +478,6 @@ def render_markdown(report: dict) -> str:
             lines.append(f"| greedy, static cache (compiled) | {ms['ours']:.1f} | {ms['marian']:.1f} | – "
                          f"| {peers['greedy_static_cache_speed_vs_marian']:.2f}x | – "
                          f"| {peers['greedy_static_cache_speed_vs_textbook']:.2f}x |")
-        for name, value in peers["train_ms"].items():
-            if name.startswith("ours, "):
-                lines += ["", f"Training step of {name}: {value:.1f} ms."]
         if "greedy_static_cache_equals_dynamic" in peers:
             lines.append(f"Static-cache tokens equal the dynamic cache's: "
                          f"{_fmt(peers['greedy_static_cache_equals_dynamic'])}.")

@@ -940,7 +940,7 @@ def render_markdown(results: dict) -> str:
         lines += ["",
                   "Attention floor: the decoding's attention alone, every scaled-dot-product-attention call of one "
                   "run of ours replayed at the same shapes and masks, plus, in beam search, the reordering of the "
-                  f"self-attention cache between steps (`AttentionFloor`): greedy {_ms(attention['greedy'])}, beam "
+                  f"self- and cross-attention caches between steps (`AttentionFloor`): greedy {_ms(attention['greedy'])}, beam "
                   f"{_ms(attention['beam'])}. A cached decoder cannot skip these either."]
     if all("generation_split" in results[w] for w in ("greedy", "beam")):
         def split(workload):
