@@ -778,3 +778,35 @@ def test_the_lm_head_bias_is_saved_reloaded_and_padded_with_zeros_for_new_tokens
     assert loaded.lm_head.bias.shape == (VOCAB + 8,) and loaded.lm_head.weight is loaded.model.shared.weight
     torch.testing.assert_close(loaded.lm_head.bias[:VOCAB], old, atol=0, rtol=0)
     assert not loaded.lm_head.bias[VOCAB:].any()
+
+
+def test_the_training_step_compiles_as_one_forward_and_one_backward_graph_and_trains_like_eager():
+    """torch.compile(fullgraph=True) fails on any graph break: nothing in the loss or the model reads a value back."""
+    from functorch.compile import make_boxed_func
+    from torch._dynamo.backends.common import aot_autograd
+
+    graphs = {"forward": [], "backward": []}
+
+    def counting(kind):
+        def compiler(graph_module, example_inputs):
+            graphs[kind].append(graph_module)
+            return make_boxed_func(graph_module.forward)
+        return compiler
+
+    model = tiny_model(label_smoothing=0.1).train()
+    input_ids, attention_mask, labels = random_batch()
+    labels[0, -2:] = -100
+    torch._dynamo.reset()
+    compiled = torch.compile(model, fullgraph=True,
+                             backend=aot_autograd(fw_compiler=counting("forward"), bw_compiler=counting("backward")))
+    losses, gradients = [], []
+    for run in (compiled, model):
+        model.zero_grad()
+        loss = run(input_ids=input_ids, attention_mask=attention_mask, labels=labels).loss
+        loss.backward()
+        losses.append(loss.detach())
+        gradients.append({name: p.grad.clone() for name, p in model.named_parameters() if p.grad is not None})
+    assert (len(graphs["forward"]), len(graphs["backward"])) == (1, 1)
+    torch.testing.assert_close(losses[0], losses[1], atol=1e-6, rtol=0)
+    for name in gradients[1]:
+        torch.testing.assert_close(gradients[0][name], gradients[1][name], atol=1e-6, rtol=0, msg=name)
