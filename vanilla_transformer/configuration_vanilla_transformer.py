@@ -40,8 +40,7 @@ PAPER_DECODING = dict(num_beams=4, length_penalty=0.6, length_penalty_type="gnmt
 def paper_generation_config(config: "VanillaTransformerConfig") -> GenerationConfig:
     """The paper's decoding for a model of `config`: set it as `model.generation_config`, and it is saved with
     the model (generation_config.json). A model without it decodes greedily, as every transformers model does."""
-    start = config.bos_token_id if config.decoder_start_token_id is None else config.decoder_start_token_id
-    return GenerationConfig(decoder_start_token_id=start, bos_token_id=config.bos_token_id,
+    return GenerationConfig(decoder_start_token_id=config.first_decoder_token_id, bos_token_id=config.bos_token_id,
                             eos_token_id=config.eos_token_id, pad_token_id=config.pad_token_id, **PAPER_DECODING)
 
 
@@ -93,6 +92,11 @@ class VanillaTransformerConfig(PreTrainedConfig):
         # this package is not installed (saving records only the class being saved).
         if getattr(self, "auto_map", None) is None:
             self.auto_map = dict(AUTO_MAP)
+
+    @property
+    def first_decoder_token_id(self) -> int:
+        """The token the decoder starts from: `decoder_start_token_id`, else `bos_token_id` (one is always set)."""
+        return self.bos_token_id if self.decoder_start_token_id is None else self.decoder_start_token_id
 
     @classmethod
     def from_preset(cls, name: str, **overrides) -> "VanillaTransformerConfig":

@@ -149,8 +149,9 @@ def convert_marian(marian: MarianMTModel | str | os.PathLike, output_dir: str | 
         source = Path(marian)
         marian = MarianMTModel.from_pretrained(source, use_safetensors=None if allow_pickle else True)
     config = config_from_marian(marian.config)
-    config.lm_head_bias = has_logits_bias(marian.state_dict())
-    weights = state_dict_from_marian(marian.state_dict(), config.d_model)
+    state_dict = marian.state_dict()
+    config.lm_head_bias = has_logits_bias(state_dict)
+    weights = state_dict_from_marian(state_dict, config.d_model)
     model = VanillaTransformerForConditionalGeneration(config)
     missing, unexpected = model.load_state_dict(weights, strict=False)
     if missing or unexpected:

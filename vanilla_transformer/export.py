@@ -116,7 +116,7 @@ def transformer_spec(model, tokenizer, max_positions: int = 1024):
     tokens += [f"<unused_{i}>" for i in range(len(tokens), config.vocab_size)]  # ids the tokenizer never makes
     spec.register_source_vocabulary(tokens)
     spec.register_target_vocabulary(tokens)
-    start = config.bos_token_id if config.decoder_start_token_id is None else config.decoder_start_token_id
+    start = config.first_decoder_token_id
     spec.config.bos_token = tokens[config.bos_token_id] if config.bos_token_id is not None else tokens[start]
     spec.config.eos_token = tokens[config.eos_token_id]
     spec.config.unk_token = tokenizer.unk_token or tokens[0]

@@ -464,8 +464,7 @@ class VanillaTransformerForConditionalGeneration(VanillaTransformerPreTrainedMod
         return model
 
     def prepare_decoder_input_ids_from_labels(self, labels: torch.Tensor) -> torch.Tensor:
-        start, bos = self.config.decoder_start_token_id, self.config.bos_token_id
-        return shift_tokens_right(labels, self.config.pad_token_id, bos if start is None else start)
+        return shift_tokens_right(labels, self.config.pad_token_id, self.config.first_decoder_token_id)
 
     @can_return_tuple
     @accepts_past_key_values
