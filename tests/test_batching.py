@@ -10,10 +10,10 @@ import torch
 from datasets import Dataset
 from transformers import DataCollatorForSeq2Seq
 
-from conftest import tiny_model, tiny_tokenizer
+from conftest import VOCAB, tiny_model, tiny_tokenizer
 from vanilla_transformer import batching
 from batching_throughput import padding_stats
-from vanilla_transformer.batching import TokenBucketBatchSampler, batch_cost
+from vanilla_transformer.batching import TokenBucketBatchSampler, TranslationDataCollator, batch_cost
 from vanilla_transformer.training import PaperTrainer, TranslationTrainingArguments
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -95,11 +95,11 @@ def test_bad_arguments_are_refused():
         TokenBucketBatchSampler([1], [1], 10, num_replicas=2, rank=2)
 
 
-def tokenized_split(n=64, seed=0):
+def tokenized_split(n=64, seed=0, longest=15):
     rng = np.random.default_rng(seed)
     rows = {"input_ids": [], "attention_mask": [], "labels": []}
     for _ in range(n):
-        s, t = rng.integers(2, 15, 2)
+        s, t = rng.integers(2, longest, 2)
         rows["input_ids"].append(rng.integers(4, 48, s).tolist() + [2])
         rows["attention_mask"].append([1] * (s + 1))
         rows["labels"].append(rng.integers(4, 48, t).tolist() + [2])
@@ -176,3 +176,75 @@ def test_a_run_resumed_mid_epoch_sees_the_same_token_batches_as_an_uninterrupted
     for got, want in zip(resumed, full[stop:]):
         assert torch.equal(got, want)
     assert not torch.equal(full[0], full[steps_per_epoch]) or not torch.equal(full[1], full[steps_per_epoch + 1])
+
+
+# Padding to a multiple (--pad_to_multiple_of): fewer shapes for a compiled model, and the budget counts it ------
+
+def test_the_budget_counts_the_padding_to_a_multiple():
+    source, target = lengths()
+    batches = sampler(pad_to_multiple_of=8).global_batches()
+    for batch in batches:
+        cost = batch_cost(source[batch], target[batch], pad_to_multiple_of=8)
+        assert cost <= BUDGET or len(batch) == 1
+    # Rounding up makes rows wider, so the same budget holds fewer of them than without it.
+    assert len(batches) > len(sampler().global_batches())
+    assert batch_cost([5, 9], [3, 2], pad_to_multiple_of=8) == 2 * 16 and batch_cost([5], [3]) == 5
+    with pytest.raises(ValueError, match="pad_to_multiple_of must be a positive int, got 0"):
+        sampler(pad_to_multiple_of=0)
+
+
+def token_batches(pad_to_multiple_of, budget=256):
+    model, tokenizer, dataset = tiny_model(), tiny_tokenizer(), tokenized_split(n=300, longest=60)
+    args = TranslationTrainingArguments(output_dir="unused", report_to="none", use_cpu=True,
+                                        generation_num_beams=None)
+    collator = TranslationDataCollator(tokenizer, model=model, label_pad_token_id=-100,
+                                       pad_to_multiple_of=pad_to_multiple_of)
+    trainer = PaperTrainer(model=model, args=args, train_dataset=dataset, max_tokens_per_batch=budget,
+                           data_collator=collator)
+    return list(trainer.get_train_dataloader())
+
+
+def test_padded_token_batches_fit_the_budget_and_leave_a_handful_of_shapes():
+    padded, unpadded = token_batches(8), token_batches(None)
+    for batch in padded:
+        assert batch["input_ids"].shape[1] % 8 == 0 and batch["labels"].shape[1] % 8 == 0
+        assert batch["input_ids"].numel() <= 256 and batch["labels"].numel() <= 256
+    for name in ("input_ids", "labels"):  # lengths 3..60: at most 8 widths instead of one per length
+        assert len({b[name].shape[1] for b in padded}) <= 8 < 20 < len({b[name].shape[1] for b in unpadded})
+
+
+def test_a_compiled_model_does_not_recompile_for_every_new_batch_shape():
+    from functorch.compile import make_boxed_func
+    from torch._dynamo.backends.common import aot_autograd
+
+    compiled_graphs = []
+
+    def counting(graph_module, example_inputs):
+        compiled_graphs.append(graph_module)
+        return make_boxed_func(graph_module.forward)
+
+    batches = token_batches(8)
+    model = tiny_model().train()
+    torch._dynamo.reset()
+    compiled = torch.compile(model, backend=aot_autograd(
+        fw_compiler=counting, bw_compiler=lambda graph_module, example_inputs: make_boxed_func(graph_module.forward)))
+    for batch in batches:
+        compiled(**batch).loss.backward()
+    # torch.compile specialises on the first shape, then makes each dimension that changes dynamic (batch, source
+    # and target width): a graph per varying dimension at most, however many shapes come.
+    shapes = {(b["input_ids"].shape, b["labels"].shape) for b in batches}
+    assert len(shapes) >= 10 and len(compiled_graphs) <= 4, (len(shapes), len(compiled_graphs))
+
+
+# The ids are checked on the CPU, in the collator: the model in training reads none back ----------------------
+
+def test_the_collator_names_an_id_outside_the_vocabulary():
+    model, tokenizer = tiny_model(), tiny_tokenizer()
+    collator = TranslationDataCollator(tokenizer, model=model, label_pad_token_id=-100, pad_to_multiple_of=8)
+    good = {"input_ids": [5, 6, 2], "attention_mask": [1, 1, 1], "labels": [7, 2]}
+    batch = collator([good, {**good, "labels": [9, 10, 11, 2]}])  # labels padded with -100: accepted
+    assert batch["labels"].shape == (2, 8) and int(batch["labels"][0, -1]) == -100
+    with pytest.raises(ValueError, match=f"`input_ids` holds id {VOCAB + 1}, outside the vocabulary"):
+        collator([good, {**good, "input_ids": [5, VOCAB + 1, 2]}])
+    with pytest.raises(ValueError, match="`labels` holds id -3"):
+        collator([good, {**good, "labels": [-3, 2]}])

@@ -810,3 +810,25 @@ def test_the_training_step_compiles_as_one_forward_and_one_backward_graph_and_tr
     torch.testing.assert_close(losses[0], losses[1], atol=1e-6, rtol=0)
     for name in gradients[1]:
         torch.testing.assert_close(gradients[0][name], gradients[1][name], atol=1e-6, rtol=0, msg=name)
+
+
+def test_a_training_step_reads_nothing_back_from_the_device(monkeypatch):
+    """On an accelerator every read-back (`bool(t)`, `.item()`, `.tolist()`, ...) waits for the device to finish all
+    queued work. A training step needs none: ids are checked in the collator, padding masks are kept as they are."""
+    reads = []
+    for name in ("__bool__", "item", "tolist", "__int__", "__float__", "__index__", "numpy", "nonzero", "cpu"):
+        original = getattr(torch.Tensor, name)
+
+        def recording(self, *args, _name=name, _original=original, **kwargs):
+            reads.append(_name)
+            return _original(self, *args, **kwargs)
+        monkeypatch.setattr(torch.Tensor, name, recording)
+    model = tiny_model(label_smoothing=0.1).train()
+    input_ids, attention_mask, labels = random_batch()
+    labels[1, -2:] = -100
+    loss = model(input_ids=input_ids, attention_mask=attention_mask, labels=labels).loss
+    loss.backward()
+    assert reads == []
+    model.eval()  # outside training the ids are still checked here, which reads them back
+    model(input_ids=input_ids, attention_mask=attention_mask, labels=labels)
+    assert "__bool__" in reads

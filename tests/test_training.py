@@ -157,3 +157,39 @@ def test_training_into_a_finished_run_is_refused_unless_asked(tmp_path):
     for flags in (["--overwrite_output_dir"], ["--resume_from_checkpoint", "true"]):
         check_output_dir_is_free(parse(TINY_RUN + ["--output_dir", str(output), *flags])[3])
     check_output_dir_is_free(parse(TINY_RUN + ["--output_dir", str(tmp_path / "new")])[3])
+
+
+# Compiled training (--torch_compile) and what keeps it fast -------------------------------------------------
+
+def test_train_script_trains_compiled_with_the_noam_schedule_on_padded_token_batches(tmp_path):
+    """--torch_compile as Trainer runs it (accelerate's dynamo plugin; aot_eager here, inductor on a GPU)."""
+    output = tmp_path / "run"
+    arguments = TINY_RUN + ["--output_dir", str(output), "--torch_compile", "--torch_compile_backend", "aot_eager",
+                            "--max_tokens_per_batch", "256", "--max_eval_samples", "2"]
+    results = run(*parse(arguments))
+    assert torch.isfinite(torch.tensor(results["train"]["train_loss"]))
+    reloaded = AutoModelForSeq2SeqLM.from_pretrained(output)  # saved without the compile wrapper's prefixes
+    assert not any(key.startswith("_orig_mod") for key in reloaded.state_dict())
+
+
+def test_pad_to_multiple_of_must_be_positive_and_the_optimizer_is_fused_adamw(tmp_path):
+    with pytest.raises(ValueError, match="--pad_to_multiple_of must be a positive int, got 0"):
+        parse(TINY_RUN + ["--output_dir", str(tmp_path), "--pad_to_multiple_of", "0"])
+    args = parse(TINY_RUN + ["--output_dir", str(tmp_path)])[3]
+    assert args.optim == "adamw_torch_fused"  # Trainer's default from torch 2.8: one kernel per step, not per tensor
+
+
+def test_a_tokenizer_larger_than_the_models_vocabulary_is_refused_before_training(tmp_path):
+    from vanilla_transformer.tokenization import train_shared_tokenizer
+
+    from conftest import VOCAB, tiny_model
+
+    folder = tmp_path / "model"
+    tiny_model().save_pretrained(folder)
+    texts = [f"word{i} other{i} more{i % 7}" for i in range(200)]
+    tokenizer = train_shared_tokenizer(texts, vocab_size=120)
+    tokenizer.save_pretrained(folder)
+    assert len(tokenizer) > VOCAB
+    with pytest.raises(ValueError, match=rf"tokenizer has {len(tokenizer)} tokens but the model's vocabulary only "
+                                         rf"{VOCAB}"):
+        run(*parse(TINY_RUN + ["--output_dir", str(tmp_path / "run"), "--model_name_or_path", str(folder)]))

@@ -5,12 +5,16 @@ target tokens."
 `TokenBucketBatchSampler` sorts the examples by length and cuts the sorted list greedily into batches
 whose *padded* size stays within a token budget, the way fairseq's `--max-tokens` does:
 
-    cost(batch) = len(batch) * max(longest source, longest target)   <=   max_tokens
+    cost(batch) = len(batch) * round_up(max(longest source, longest target), pad_to_multiple_of)   <=   max_tokens
 
 This single number is the paper's two budgets at once: `n * max(S, T) <= B` holds exactly when both
 padded tensors fit, `n * S <= B` (source) and `n * T <= B` (target). Padding counts because the collator
-pads every row to the longest one and the model computes on the pads too. (A collator with
-`pad_to_multiple_of` pads further than this cost counts.)
+pads every row to the longest one (rounded up to `pad_to_multiple_of`) and the model computes on the pads too.
+
+Shapes: rounding the lengths up to a multiple (8 by default in `scripts/train.py`) leaves a compiled model
+a handful of batch shapes to specialise for instead of one per length, and gives tensor cores aligned sizes.
+The sampler reads the multiple from the collator (`TranslationDataCollator.pad_to_multiple_of`), so the
+budget counts exactly the padding the collator adds.
 
 - Budget unit: per device and per micro-batch, like `--per_device_train_batch_size` and fairseq's
   `--max-tokens`. The paper's 25k tokens per optimizer step are `max_tokens * world_size *
@@ -47,20 +51,30 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
 from functools import partial
 
 import numpy as np
 import torch
 from torch.utils.data import DataLoader, Sampler
+from transformers import DataCollatorForSeq2Seq
+
+from .modeling_vanilla_transformer import check_token_ids
 
 logger = logging.getLogger(__name__)
 
 
-def batch_cost(source_lengths: Sequence[int], target_lengths: Sequence[int]) -> int:
-    """Padded tokens of the larger side: rows times the longest source or target, whichever is longer."""
+def round_up(length, multiple: int):
+    """`length` (an int or an array) rounded up to a multiple of `multiple`."""
+    return -(-length // multiple) * multiple
+
+
+def batch_cost(source_lengths: Sequence[int], target_lengths: Sequence[int], pad_to_multiple_of: int = 1) -> int:
+    """Padded tokens of the larger side: rows times the longest source or target, whichever is longer, rounded
+    up as the collator pads it."""
     if len(source_lengths) == 0:
         return 0
-    return len(source_lengths) * max(max(source_lengths), max(target_lengths))
+    return len(source_lengths) * round_up(max(max(source_lengths), max(target_lengths)), pad_to_multiple_of)
 
 
 def example_lengths(dataset) -> tuple[np.ndarray, np.ndarray]:
@@ -80,9 +94,10 @@ def example_lengths(dataset) -> tuple[np.ndarray, np.ndarray]:
     return lengths[:, 0], lengths[:, 1]
 
 
-def _greedy_boundaries(source: np.ndarray, target: np.ndarray, max_tokens: int) -> list[tuple[int, int]]:
+def _greedy_boundaries(source: np.ndarray, target: np.ndarray, max_tokens: int,
+                       pad_to_multiple_of: int) -> list[tuple[int, int]]:
     """Cut examples (already in sorted order) into [start, end) runs whose cost stays within the budget."""
-    longest = np.maximum(source, target)
+    longest = round_up(np.maximum(source, target), pad_to_multiple_of)
     boundaries, start, width = [], 0, 0
     for i, length in enumerate(longest.tolist()):
         new_width = max(width, length)
@@ -115,7 +130,8 @@ class TokenBucketBatchSampler(Sampler[list[int]]):
     """
 
     def __init__(self, source_lengths: Sequence[int], target_lengths: Sequence[int], max_tokens: int, *,
-                 shuffle: bool = True, seed: int = 0, num_replicas: int = 1, rank: int = 0):
+                 shuffle: bool = True, seed: int = 0, num_replicas: int = 1, rank: int = 0,
+                 pad_to_multiple_of: int = 1):
         source = np.asarray(source_lengths, dtype=np.int64)
         target = np.asarray(target_lengths, dtype=np.int64)
         if source.ndim != 1 or source.shape != target.shape:
@@ -125,10 +141,13 @@ class TokenBucketBatchSampler(Sampler[list[int]]):
             raise ValueError("Cannot batch an empty dataset.")
         if isinstance(max_tokens, bool) or not isinstance(max_tokens, int) or max_tokens < 1:
             raise ValueError(f"max_tokens must be a positive int, got {max_tokens!r}.")
+        if isinstance(pad_to_multiple_of, bool) or not isinstance(pad_to_multiple_of, int) or pad_to_multiple_of < 1:
+            raise ValueError(f"pad_to_multiple_of must be a positive int, got {pad_to_multiple_of!r}.")
         if not isinstance(num_replicas, int) or num_replicas < 1 or not 0 <= rank < num_replicas:
             raise ValueError(f"Need num_replicas >= 1 and 0 <= rank < num_replicas, got {num_replicas=}, {rank=}.")
         self.source_lengths, self.target_lengths = source, target
         self.max_tokens = max_tokens
+        self.pad_to_multiple_of = pad_to_multiple_of
         self.shuffle = shuffle
         self.seed = seed
         self.num_replicas = num_replicas
@@ -138,11 +157,11 @@ class TokenBucketBatchSampler(Sampler[list[int]]):
         # Any permutation of equal (source, target) pairs sorts to the same length sequence, so the
         # boundaries computed once here hold for every epoch's tie-breaking.
         order = np.lexsort((target, source))
-        boundaries = _greedy_boundaries(source[order], target[order], max_tokens)
+        boundaries = _greedy_boundaries(source[order], target[order], max_tokens, pad_to_multiple_of)
         self._boundaries = _split_for_replicas(boundaries, num_replicas)
         self._num_repeated = -len(self._boundaries) % num_replicas
 
-        over_budget = np.maximum(source, target) > max_tokens
+        over_budget = round_up(np.maximum(source, target), pad_to_multiple_of) > max_tokens
         if over_budget.any():
             logger.warning(
                 "%d of %d examples are longer than max_tokens=%d on their own (longest: %d tokens); each gets a "
@@ -176,6 +195,22 @@ class TokenBucketBatchSampler(Sampler[list[int]]):
         return (len(self._boundaries) + self._num_repeated) // self.num_replicas
 
 
+@dataclass
+class TranslationDataCollator(DataCollatorForSeq2Seq):
+    """`DataCollatorForSeq2Seq` that checks every id of the batch against the model's vocabulary while the batch is
+    still on the CPU. In training the model itself reads no ids back (on an accelerator that would wait for the
+    device every step), so this is where a bad id is caught, with its value, instead of a CUDA device-side assert."""
+
+    def __call__(self, features, return_tensors=None):
+        batch = super().__call__(features, return_tensors)
+        vocab_size = self.model.config.vocab_size if self.model is not None else len(self.tokenizer)
+        for name in ("input_ids", "labels", "decoder_input_ids"):  # labels first: decoder ids are made from them
+            if name in batch:
+                check_token_ids(torch.as_tensor(batch[name]), name, vocab_size,
+                                allow=self.label_pad_token_id if name == "labels" else None)
+        return batch
+
+
 def token_batch_train_dataloader(trainer, max_tokens: int) -> DataLoader:
     """Trainer's training DataLoader with a `TokenBucketBatchSampler` in place of the fixed-size batches.
 
@@ -194,6 +229,8 @@ def token_batch_train_dataloader(trainer, max_tokens: int) -> DataLoader:
         raise ValueError("Token-based batching needs every example's length up front; it does not work with "
                          "an iterable (streaming) training set.")
     collator = trainer.data_collator
+    # The budget counts the padding the collator adds, so it must know the collator's multiple.
+    pad_to_multiple_of = getattr(collator, "pad_to_multiple_of", None) or 1
     if isinstance(dataset, datasets.Dataset):
         dataset = trainer._remove_unused_columns(dataset, description="Training")
     else:
@@ -205,6 +242,7 @@ def token_batch_train_dataloader(trainer, max_tokens: int) -> DataLoader:
     sampler = TokenBucketBatchSampler(
         source, target, max_tokens, seed=args.data_seed if args.data_seed is not None else args.seed,
         num_replicas=max(1, args.world_size), rank=args.process_index if args.world_size > 1 else 0,
+        pad_to_multiple_of=pad_to_multiple_of,
     )
     loader = DataLoader(
         dataset, batch_sampler=sampler, collate_fn=collator, num_workers=args.dataloader_num_workers,
@@ -223,4 +261,5 @@ def token_batch_train_dataloader(trainer, max_tokens: int) -> DataLoader:
     return loader
 
 
-__all__ = ["TokenBucketBatchSampler", "token_batch_train_dataloader", "example_lengths", "batch_cost"]
+__all__ = ["TokenBucketBatchSampler", "TranslationDataCollator", "token_batch_train_dataloader", "example_lengths",
+           "batch_cost", "round_up"]

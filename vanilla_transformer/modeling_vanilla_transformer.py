@@ -51,14 +51,17 @@ def accepts_past_key_values(forward):
     return renamed
 
 
-def check_token_ids(ids: torch.Tensor, name: str, vocab_size: int, allow: int | None = None):
-    """Bad ids fail here with their value, not as an index error deep inside torch (or a CUDA assert)."""
+def check_token_ids(ids: torch.Tensor, name: str, vocab_size: int, allow: int | None = None, read_values=True):
+    """Bad ids fail here with their value, not as an index error deep inside torch (or a CUDA assert).
+
+    Reading the values back waits for the device, so a model in training mode checks only dtype and shape: its
+    ids come through `TranslationDataCollator`, which checks them on the CPU."""
     if not isinstance(ids, torch.Tensor) or ids.is_floating_point() or ids.is_complex() or ids.dtype == torch.bool:
         got = f"dtype {ids.dtype}" if isinstance(ids, torch.Tensor) else type(ids).__name__
         raise TypeError(f"`{name}` must be a tensor of integer token ids, got {got}.")
     if ids.dim() != 2 or ids.numel() == 0:
         raise ValueError(f"`{name}` must have a non-empty shape (batch, length), got {tuple(ids.shape)}.")
-    if torch.compiler.is_compiling():  # reading values back would break the graph
+    if not read_values or torch.compiler.is_compiling():  # reading values back would break the graph
         return
     bad = (ids < 0) | (ids >= vocab_size)
     if allow is not None:
@@ -71,6 +74,12 @@ def check_mask(mask: torch.Tensor | None, name: str, shape: torch.Size):
     """2-D masks must cover their sequences exactly (4-D masks, e.g. generate()'s for static caches, pass)."""
     if mask is not None and mask.dim() == 2 and mask.shape != shape:
         raise ValueError(f"`{name}` has shape {tuple(mask.shape)}, but its sequences have shape {tuple(shape)}.")
+
+
+def can_skip_padding_mask(mask: torch.Tensor | None, training: bool) -> bool:
+    """Whether transformers may drop a padding mask that masks nothing. Finding out reads the mask back, which
+    waits for the device; training batches are padded anyway, so in training the mask is always kept."""
+    return mask is None or not training
 
 
 def label_smoothed_cross_entropy(logits, labels, label_smoothing: float = 0.0, num_items_in_batch=None):
@@ -297,7 +306,7 @@ class _Stack(VanillaTransformerPreTrainedModel):
             raise ValueError(f"Pass exactly one of `{self.input_name}` and `{embeds_name}`.")
         if inputs_embeds is None:
             if check_ids:
-                check_token_ids(input_ids, self.input_name, self.config.vocab_size)
+                check_token_ids(input_ids, self.input_name, self.config.vocab_size, read_values=not self.training)
             inputs_embeds = self.embed_tokens(input_ids)
         elif inputs_embeds.dim() != 3 or inputs_embeds.shape[0] == 0 or inputs_embeds.shape[1] == 0 \
                 or inputs_embeds.shape[2] != self.config.d_model:
@@ -327,7 +336,8 @@ class VanillaTransformerEncoder(_Stack):
         output_attentions, output_hidden_states = self.output_flags(output_attentions, output_hidden_states)
         hidden_states = self.embed(input_ids, inputs_embeds)
         check_mask(attention_mask, "attention_mask", hidden_states.shape[:2])
-        mask = create_bidirectional_mask(self.config, hidden_states, attention_mask)
+        mask = create_bidirectional_mask(self.config, hidden_states, attention_mask,
+                                         allow_is_bidirectional_skip=can_skip_padding_mask(attention_mask, self.training))
         all_hidden_states, all_attentions = (), ()
         for layer in self.layers:
             all_hidden_states += (hidden_states,)
@@ -379,7 +389,8 @@ class VanillaTransformerDecoder(_Stack):
         causal_mask = create_causal_mask(  # the cache goes in positionally: `past_key_values` on 5.23, `cache` on 5.24+
             self.config, hidden_states, attention_mask, None if cache is None else cache.self_attention_cache)
         cross_mask = create_bidirectional_mask(
-            self.config, hidden_states, encoder_attention_mask, encoder_hidden_states=encoder_hidden_states
+            self.config, hidden_states, encoder_attention_mask, encoder_hidden_states=encoder_hidden_states,
+            allow_is_bidirectional_skip=can_skip_padding_mask(encoder_attention_mask, self.training),
         )
         all_hidden_states, all_self_attentions, all_cross_attentions = (), (), ()
         for layer in self.layers:
@@ -473,7 +484,7 @@ class VanillaTransformerForConditionalGeneration(VanillaTransformerPreTrainedMod
                 labels=None, use_cache=None, output_attentions=None, output_hidden_states=None,
                 num_items_in_batch=None, **kwargs) -> Seq2SeqLMOutput:
         if labels is not None:
-            check_token_ids(labels, "labels", self.config.vocab_size, allow=-100)
+            check_token_ids(labels, "labels", self.config.vocab_size, allow=-100, read_values=not self.training)
             use_cache = False
             if decoder_input_ids is None and decoder_inputs_embeds is None:
                 decoder_input_ids = self.prepare_decoder_input_ids_from_labels(labels)
@@ -546,4 +557,5 @@ def _gnmt_exponent(length: int, alpha: float) -> float:
 
 
 __all__ = ["VanillaTransformerPreTrainedModel", "VanillaTransformerModel", "VanillaTransformerForConditionalGeneration",
-           "SinusoidalPositionalEncoding", "ScaledEmbedding", "label_smoothed_cross_entropy", "shift_tokens_right"]
+           "SinusoidalPositionalEncoding", "ScaledEmbedding", "label_smoothed_cross_entropy", "shift_tokens_right",
+           "check_token_ids"]

@@ -14,7 +14,6 @@ from datasets import DatasetDict
 from transformers import (
     AutoModelForSeq2SeqLM,
     AutoTokenizer,
-    DataCollatorForSeq2Seq,
     GenerationConfig,
     Seq2SeqTrainer,
     Seq2SeqTrainingArguments,
@@ -22,7 +21,7 @@ from transformers import (
     set_seed,
 )
 
-from .batching import token_batch_train_dataloader
+from .batching import TranslationDataCollator, token_batch_train_dataloader
 from .builtin_task import build_builtin_task
 from .checkpoints import check_output_dir, check_weights
 from .configuration_vanilla_transformer import VanillaTransformerConfig, paper_generation_config
@@ -86,6 +85,15 @@ class RecipeArguments:
     max_tokens_per_batch: int | None = field(default=None, metadata={
         "help": "§5.1 token-based batching: padded source (and target) tokens per device batch, replacing "
                 "--per_device_train_batch_size for training (see vanilla_transformer/batching.py)."})
+    pad_to_multiple_of: int = field(default=8, metadata={
+        "help": "Pad every batch's source and target length up to a multiple of this (1: to the longest only), so "
+                "a compiled model (--torch_compile) sees a handful of shapes and tensor cores get aligned sizes. "
+                "--max_tokens_per_batch counts this padding."})
+
+    def __post_init__(self):
+        if isinstance(self.pad_to_multiple_of, bool) or not isinstance(self.pad_to_multiple_of, int) \
+                or self.pad_to_multiple_of < 1:
+            raise ValueError(f"--pad_to_multiple_of must be a positive int, got {self.pad_to_multiple_of!r}.")
 
 
 @dataclass
@@ -240,6 +248,9 @@ def run(model_args: ModelArguments, data: DataArguments, recipe: RecipeArguments
     # Seed before the weights are drawn: Trainer seeds only later, and every rank must start from the same model.
     (enable_full_determinism if args.full_determinism else set_seed)(args.seed)
     model = build_model(model_args, recipe, tokenizer)
+    if len(tokenizer) > model.config.vocab_size:  # the only way the data path can produce ids the model lacks
+        raise ValueError(f"The tokenizer has {len(tokenizer)} tokens but the model's vocabulary only "
+                         f"{model.config.vocab_size}: ids from {model.config.vocab_size} on would have no embedding.")
     generation_config = GenerationConfig.from_dict(model.generation_config.to_dict())
 
     def prepare(split):
@@ -260,7 +271,8 @@ def run(model_args: ModelArguments, data: DataArguments, recipe: RecipeArguments
         train_dataset=train_set,
         eval_dataset=eval_set,
         processing_class=tokenizer,
-        data_collator=DataCollatorForSeq2Seq(tokenizer, model=model, label_pad_token_id=-100),
+        data_collator=TranslationDataCollator(tokenizer, model=model, label_pad_token_id=-100,
+                                              pad_to_multiple_of=recipe.pad_to_multiple_of),
         compute_metrics=build_compute_metrics(tokenizer),
         noam_schedule=NoamLambda(model.config.d_model, recipe.noam_warmup_steps, recipe.noam_factor)
         if recipe.lr_scheduler == "noam" else None,
