@@ -195,6 +195,64 @@ class TokenBucketBatchSampler(Sampler[list[int]]):
         return (len(self._boundaries) + self._num_repeated) // self.num_replicas
 
 
+@dataclass(frozen=True)
+class TokenBatchPlan:
+    """How a run reaches its tokens per optimizer step: a per-device budget, times the processes, times the
+    micro-batches accumulated per step."""
+
+    tokens_per_step: int  # asked for: real (non-pad) tokens per step, the mean of the source and target sides
+    world_size: int
+    max_tokens_per_batch: int  # per device and micro-batch, padding included (the sampler's budget)
+    gradient_accumulation_steps: int
+    expected_source_tokens: float  # per optimizer step, on the data the plan was made for
+    expected_target_tokens: float
+
+    def __str__(self) -> str:
+        return (f"{self.max_tokens_per_batch} padded tokens per device batch x {self.world_size} processes x "
+                f"{self.gradient_accumulation_steps} accumulation steps: about {self.expected_source_tokens:.0f} "
+                f"source + {self.expected_target_tokens:.0f} target tokens per optimizer step (asked for "
+                f"{self.tokens_per_step})")
+
+
+def _real_tokens_per_step(source, target, budget, world_size, accumulation, pad_to_multiple_of):
+    sampler = TokenBucketBatchSampler(source, target, budget, shuffle=False, num_replicas=world_size,
+                                      pad_to_multiple_of=pad_to_multiple_of)
+    steps = len(sampler) / accumulation
+    return source.sum() / steps, target.sum() / steps
+
+
+def plan_token_batches(tokens_per_step: int, world_size: int, max_tokens_per_device: int,
+                       source_lengths: Sequence[int], target_lengths: Sequence[int],
+                       pad_to_multiple_of: int = 1) -> TokenBatchPlan:
+    """The per-device budget and accumulation that give `tokens_per_step` real tokens per optimizer step (§5.1:
+    "approximately 25000 source tokens and 25000 target tokens") with `world_size` processes.
+
+    A budget counts padded tokens of the longer side, so a batch holds fewer real ones: the plan measures that
+    fill on the data's own lengths (batching them as the sampler will) and raises the budget to make up for it.
+    Devices hold at most `max_tokens_per_device` per micro-batch; beyond that the plan accumulates."""
+    for name, value in (("tokens_per_step", tokens_per_step), ("world_size", world_size),
+                        ("max_tokens_per_device", max_tokens_per_device)):
+        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+            raise ValueError(f"{name} must be a positive int, got {value!r}.")
+    source = np.asarray(source_lengths, dtype=np.int64)
+    target = np.asarray(target_lengths, dtype=np.int64)
+    accumulation = -(-tokens_per_step // (world_size * max_tokens_per_device))
+    budget = tokens_per_step // (world_size * accumulation)
+    for _ in range(4):  # the fill changes a little with the budget: a few fixed-point rounds settle it
+        if budget < 1:
+            raise ValueError(f"{tokens_per_step} tokens per step cannot be shared by {world_size} processes.")
+        real = _real_tokens_per_step(source, target, budget, world_size, accumulation, pad_to_multiple_of)
+        wanted = int(budget * tokens_per_step / ((real[0] + real[1]) / 2))
+        if wanted > max_tokens_per_device:
+            accumulation += 1
+            wanted = budget * (accumulation - 1) // accumulation
+        if wanted == budget:
+            break
+        budget = wanted
+    real = _real_tokens_per_step(source, target, budget, world_size, accumulation, pad_to_multiple_of)
+    return TokenBatchPlan(tokens_per_step, world_size, budget, accumulation, float(real[0]), float(real[1]))
+
+
 @dataclass
 class TranslationDataCollator(DataCollatorForSeq2Seq):
     """`DataCollatorForSeq2Seq` that checks every id of the batch against the model's vocabulary while the batch is
@@ -261,5 +319,5 @@ def token_batch_train_dataloader(trainer, max_tokens: int) -> DataLoader:
     return loader
 
 
-__all__ = ["TokenBucketBatchSampler", "TranslationDataCollator", "token_batch_train_dataloader", "example_lengths",
-           "batch_cost", "round_up"]
+__all__ = ["TokenBucketBatchSampler", "TranslationDataCollator", "TokenBatchPlan", "plan_token_batches",
+           "token_batch_train_dataloader", "example_lengths", "batch_cost", "round_up"]

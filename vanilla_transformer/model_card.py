@@ -107,6 +107,10 @@ def _eval_results(eval_results: dict, model_task: str, dataset_name: str, datase
     results = [EvalResult(**dataset, metric_type="bleu", metric_name="BLEU",
                           metric_value=round(float(eval_results["bleu"]), 2),
                           metric_args={"signature": eval_results["bleu_signature"]})]
+    if eval_results.get("paper_bleu") is not None:  # the paper's tokenized protocol, not comparable to sacreBLEU
+        paper = eval_results["paper_bleu"]
+        results.append(EvalResult(**dataset, metric_type="bleu", metric_name="BLEU (tokenized, the paper's protocol)",
+                                  metric_value=round(float(paper["bleu"]), 2), metric_args={"protocol": paper["protocol"]}))
     if eval_results.get("chrf") is not None:
         args = {"signature": eval_results["chrf_signature"]} if eval_results.get("chrf_signature") else None
         results.append(EvalResult(**dataset, metric_type="chrf", metric_name="chrF",
@@ -162,7 +166,7 @@ def model_card_variables(
         card_data.model_name = model_name
         card_data.eval_results = _eval_results(eval_results, task_name, dataset_name, datasets)
         evaluation = {key: eval_results.get(key) for key in
-                      ("bleu", "bleu_signature", "chrf", "chrf_signature", "dataset_split", "decoding")}
+                      ("bleu", "bleu_signature", "chrf", "chrf_signature", "paper_bleu", "dataset_split", "decoding")}
         evaluation["dataset_name"] = dataset_name
     arch = {
         "vocab_size": config.vocab_size,

@@ -6,7 +6,8 @@
 
 import json
 import logging
-from dataclasses import dataclass, field
+import shutil
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 import torch
@@ -21,12 +22,13 @@ from transformers import (
     set_seed,
 )
 
-from .batching import TranslationDataCollator, token_batch_train_dataloader
+from .batching import TranslationDataCollator, example_lengths, plan_token_batches, token_batch_train_dataloader
 from .builtin_task import build_builtin_task
-from .checkpoints import check_output_dir, check_weights
+from .checkpoints import INDEX_FILE, average_checkpoints, check_output_dir, check_weights, last_checkpoints, weight_files
 from .configuration_vanilla_transformer import VanillaTransformerConfig, paper_generation_config
 from .data import load_parallel_data, load_parallel_text_files, tokenize_parallel
 from .hub import add_translation_pipeline, check_hub_folder
+from . import metrics
 from .metrics import build_compute_metrics, corpus_scores
 from .model_card import render_model_card
 from .modeling_vanilla_transformer import VanillaTransformerForConditionalGeneration
@@ -90,10 +92,26 @@ class RecipeArguments:
                 "a compiled model (--torch_compile) sees a handful of shapes and tensor cores get aligned sizes. "
                 "--max_tokens_per_batch counts this padding."})
 
+    tokens_per_step: int | None = field(default=None, metadata={
+        "help": "§5.1 batch size in real tokens per optimizer step over all processes (the paper: 25000), the mean "
+                "of the source and target sides: sets the per-device budget and --gradient_accumulation_steps from "
+                "the data's lengths and the number of processes (logged, and kept in results.json)."})
+    max_tokens_per_device: int = field(default=32768, metadata={
+        "help": "With --tokens_per_step: the most padded tokens one device batch may hold; beyond it, accumulate."})
+    average_last_checkpoints: int | None = field(default=None, metadata={
+        "help": "§6.1: the final model is the average of the last N checkpoints (the paper: 5 for base, 20 for "
+                "big); the last step's weights stay in its checkpoint folder."})
+    paper_bleu: bool = field(default=False, metadata={
+        "help": "Also score the paper's tokenized BLEU (Moses tokens, compound splitting; metrics.paper_bleu)."})
+
     def __post_init__(self):
-        if isinstance(self.pad_to_multiple_of, bool) or not isinstance(self.pad_to_multiple_of, int) \
-                or self.pad_to_multiple_of < 1:
-            raise ValueError(f"--pad_to_multiple_of must be a positive int, got {self.pad_to_multiple_of!r}.")
+        for name in ("pad_to_multiple_of", "tokens_per_step", "max_tokens_per_device", "average_last_checkpoints"):
+            value = getattr(self, name)
+            if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 1):
+                raise ValueError(f"--{name} must be a positive int, got {value!r}.")
+        if self.tokens_per_step is not None and self.max_tokens_per_batch is not None:
+            raise ValueError("Give --tokens_per_step (the batch per optimizer step, planned) or --max_tokens_per_batch "
+                             "(the budget per device batch), not both.")
 
 
 @dataclass
@@ -225,6 +243,36 @@ def build_model(model_args: ModelArguments, recipe: RecipeArguments, tokenizer):
     return model
 
 
+def check_recipe_fits_the_run(recipe: RecipeArguments, args: TranslationTrainingArguments):
+    """Settings that would only fail after hours of training fail before it."""
+    if recipe.tokens_per_step is not None and args.gradient_accumulation_steps != 1:
+        raise ValueError(f"--tokens_per_step plans the accumulation itself; drop --gradient_accumulation_steps "
+                         f"{args.gradient_accumulation_steps}.")
+    wanted = recipe.average_last_checkpoints
+    if wanted:
+        if args.save_strategy == "no":
+            raise ValueError(f"--average_last_checkpoints {wanted} needs checkpoints: set --save_strategy steps.")
+        if args.save_total_limit is not None and args.save_total_limit < wanted:
+            raise ValueError(f"--average_last_checkpoints {wanted} needs --save_total_limit of at least {wanted}, "
+                             f"got {args.save_total_limit}: older checkpoints would be deleted before averaging.")
+
+
+def replace_weights_with_average(folder: Path, n: int) -> list[str]:
+    """Replace the weights saved in `folder` by the average of its last `n` checkpoint-N folders (§6.1); returns
+    their names. The last step's own weights remain in the newest checkpoint."""
+    checkpoints = last_checkpoints(folder, n)
+    staging = folder / ".averaging"
+    shutil.rmtree(staging, ignore_errors=True)
+    average_checkpoints(checkpoints, staging)
+    for name in [*weight_files(folder), INDEX_FILE]:
+        (folder / name).unlink(missing_ok=True)
+    for name in [*weight_files(staging), INDEX_FILE]:
+        if (staging / name).is_file():
+            shutil.move(staging / name, folder / name)
+    shutil.rmtree(staging)
+    return [path.name for path in checkpoints]
+
+
 def check_output_dir_is_free(args: TranslationTrainingArguments):
     """A finished or interrupted run is never replaced silently: continue it or name another folder."""
     if args.resume_from_checkpoint is not None or args.overwrite_output_dir:
@@ -242,6 +290,7 @@ def run(model_args: ModelArguments, data: DataArguments, recipe: RecipeArguments
     """Train, evaluate BLEU on the test (else validation) split, save a Hub-ready folder; return the results."""
     if recipe.lr_scheduler not in ("noam", "trainer"):
         raise ValueError(f"--lr_scheduler must be 'noam' or 'trainer', got {recipe.lr_scheduler!r}.")
+    check_recipe_fits_the_run(recipe, args)
     check_output_dir_is_free(args)
     raw = load_raw_splits(data)
     tokenizer = build_tokenizer(model_args, raw["train"], data)
@@ -261,6 +310,12 @@ def run(model_args: ModelArguments, data: DataArguments, recipe: RecipeArguments
         return tokenized, report
 
     train_set, train_report = prepare("train")
+    max_tokens_per_batch, plan = recipe.max_tokens_per_batch, None
+    if recipe.tokens_per_step is not None:
+        plan = plan_token_batches(recipe.tokens_per_step, max(1, args.world_size), recipe.max_tokens_per_device,
+                                  *example_lengths(train_set), pad_to_multiple_of=recipe.pad_to_multiple_of)
+        logger.warning("Batches (§5.1): %s.", plan)
+        max_tokens_per_batch, args.gradient_accumulation_steps = plan.max_tokens_per_batch, plan.gradient_accumulation_steps
     eval_set = prepare("validation")[0] if "validation" in raw and args.eval_strategy != "no" else None
     # Trainer evaluation decodes with the paper's beam but a fixed length budget (it pads to one width).
     if args.generation_max_length is None:
@@ -276,7 +331,7 @@ def run(model_args: ModelArguments, data: DataArguments, recipe: RecipeArguments
         compute_metrics=build_compute_metrics(tokenizer),
         noam_schedule=NoamLambda(model.config.d_model, recipe.noam_warmup_steps, recipe.noam_factor)
         if recipe.lr_scheduler == "noam" else None,
-        max_tokens_per_batch=recipe.max_tokens_per_batch,
+        max_tokens_per_batch=max_tokens_per_batch,
     )
     train_result = trainer.train(resume_from_checkpoint=resolve_checkpoint(args.resume_from_checkpoint,
                                                                             args.output_dir, args.world_size))
@@ -285,7 +340,8 @@ def run(model_args: ModelArguments, data: DataArguments, recipe: RecipeArguments
     # global defaults; restore both so the saved model decodes as the paper does.
     model.config.use_cache = True
     model.generation_config = generation_config
-    results = {"train": {**train_result.metrics, "length_filter": train_report.as_dict()}}
+    results = {"train": {**train_result.metrics, "length_filter": train_report.as_dict(),
+                         **({"batch_plan": asdict(plan)} if plan else {})}}
     if trainer.is_fsdp_enabled:  # one loadable safetensors file, not shards, in the final folder
         trainer.accelerator.state.fsdp_plugin.set_state_dict_type("FULL_STATE_DICT")
     trainer.save_model(args.output_dir)  # on every rank: FSDP and DeepSpeed gather the weights collectively
@@ -294,15 +350,18 @@ def run(model_args: ModelArguments, data: DataArguments, recipe: RecipeArguments
         folder = Path(args.output_dir)
         tokenizer.save_pretrained(folder)
         add_translation_pipeline(folder)
+        if recipe.average_last_checkpoints:
+            results["averaged_checkpoints"] = replace_weights_with_average(folder, recipe.average_last_checkpoints)
         evaluation_split = "test" if "test" in raw else "validation" if "validation" in raw else None
         scores = None
         if evaluation_split is not None:
             # Sharded weights (FSDP, ZeRO-3) cannot generate on one rank alone: evaluate the saved model.
             sharded = trainer.is_fsdp_enabled or (trainer.is_deepspeed_enabled and
                                                   trainer.accelerator.state.deepspeed_plugin.zero_stage == 3)
-            eval_model = AutoModelForSeq2SeqLM.from_pretrained(folder).to(args.device) if sharded else model
+            from_disk = sharded or recipe.average_last_checkpoints
+            eval_model = AutoModelForSeq2SeqLM.from_pretrained(folder).to(args.device) if from_disk else model
             scores, hypotheses = evaluate_bleu(eval_model, tokenizer, raw[evaluation_split], data,
-                                               args.per_device_eval_batch_size)
+                                               args.per_device_eval_batch_size, paper_bleu=recipe.paper_bleu)
             results[evaluation_split] = scores
             (folder / f"{evaluation_split}_translations.txt").write_text("".join(h + "\n" for h in hypotheses),
                                                                          encoding="utf-8")
@@ -357,18 +416,21 @@ def _dataset_name(data: DataArguments) -> str:
     return "vanilla_transformer built-in English-German task" if data.dataset == "builtin" else data.dataset
 
 
-def evaluate_bleu(model, tokenizer, split, data: DataArguments, batch_size: int = 64,
+def evaluate_bleu(model, tokenizer, split, data: DataArguments, batch_size: int = 64, paper_bleu: bool = False,
                   **generate_kwargs) -> tuple[dict, list[str]]:
-    """sacreBLEU and chrF of beam-search translations of a whole split against its raw references;
-    returns the scores (with a few examples) and the translations."""
+    """sacreBLEU and chrF of beam-search translations of a whole split against its raw references, and with
+    `paper_bleu` the paper's tokenized BLEU too; returns the scores (with a few examples) and the translations."""
     sources = [pair[data.source_lang] for pair in split["translation"]]
     references = [pair[data.target_lang] for pair in split["translation"]]
     hypotheses = translate(model, tokenizer, sources, batch_size=batch_size, progress=True, **generate_kwargs)
     scores = corpus_scores(hypotheses, references)
+    if paper_bleu:
+        scores["paper_bleu"] = metrics.paper_bleu(hypotheses, references, lang=data.target_lang)
     examples = [{"source": s, "reference": r, "translation": h}
                 for s, r, h in list(zip(sources, references, hypotheses))[: data.num_examples]]
     return {**scores, "num_sentences": len(sources), "examples": examples}, hypotheses
 
 
 __all__ = ["ModelArguments", "DataArguments", "RecipeArguments", "TranslationTrainingArguments", "PaperTrainer",
-           "run", "resolve_checkpoint", "check_output_dir_is_free", "evaluate_bleu", "load_raw_splits", "build_tokenizer", "build_model"]
+           "run", "resolve_checkpoint", "check_output_dir_is_free", "check_recipe_fits_the_run",
+           "replace_weights_with_average", "evaluate_bleu", "load_raw_splits", "build_tokenizer", "build_model"]
