@@ -248,3 +248,27 @@ def test_the_collator_names_an_id_outside_the_vocabulary():
         collator([good, {**good, "input_ids": [5, VOCAB + 1, 2]}])
     with pytest.raises(ValueError, match="`labels` holds id -3"):
         collator([good, {**good, "labels": [-3, 2]}])
+
+
+# §5.1's batch per optimizer step, planned for any number of processes -------------------------------------------
+
+@pytest.mark.parametrize("world_size", [1, 2, 8])
+def test_the_planned_batch_holds_the_asked_tokens_per_step_whatever_the_number_of_processes(world_size):
+    rng = np.random.default_rng(0)  # sentence lengths shaped like WMT's BPE: long-tailed, German a little longer
+    source = np.clip(rng.lognormal(3.2, 0.6, 40_000).astype(int) + 1, 2, 128)
+    target = np.clip((source * rng.normal(1.1, 0.15, source.size)).astype(int), 2, 128)
+    plan = batching.plan_token_batches(25_000, world_size, 12_000, source, target, pad_to_multiple_of=8)
+    assert plan.max_tokens_per_batch <= 12_000 and plan.world_size == world_size
+    # What the run will see: every rank's own batches, `accumulation` of them per optimizer step.
+    accumulation = plan.gradient_accumulation_steps
+    ranks = [TokenBucketBatchSampler(source, target, plan.max_tokens_per_batch, seed=3, num_replicas=world_size,
+                                     rank=rank, pad_to_multiple_of=8) for rank in range(world_size)]
+    per_rank = [list(sampler) for sampler in ranks]
+    steps = len(per_rank[0]) // accumulation
+    for lengths in (source, target):
+        tokens = [sum(int(lengths[b].sum()) for rank in per_rank for b in rank[k * accumulation:(k + 1) * accumulation])
+                  for k in range(steps)]
+        assert abs(np.mean(tokens) - 25_000) < 0.1 * 25_000, (world_size, np.mean(tokens))
+    assert "accumulation steps" in str(plan)
+    with pytest.raises(ValueError, match="cannot be shared by 30000 processes"):
+        batching.plan_token_batches(25_000, 30_000, 12_000, source, target)

@@ -14,6 +14,8 @@ from vanilla_transformer.metrics import (
     chrf_signature,
     corpus_scores,
     load_bleu_metric,
+    paper_bleu,
+    paper_tokenize,
 )
 
 HYPS = ["the cat sat on the mat", "hello world"]
@@ -107,3 +109,30 @@ def test_evaluate_local_module_equals_corpus_scores(tmp_path):
     metric.add_batch(predictions=HYPS[:1], references=REFS[:1])
     metric.add_batch(predictions=HYPS[1:], references=REFS[1:])
     assert metric.compute()["score"] == direct["bleu"]
+
+
+# The paper's tokenized BLEU: tensor2tensor's get_ende_bleu.sh -------------------------------------------------
+
+def test_paper_tokenization_splits_compounds_and_punctuation_as_the_reference_scripts_do():
+    assert paper_tokenize(["Das Ski-Rennen, am Sonntag!"]) == ["Das Ski ##AT##-##AT## Rennen , am Sonntag !"]
+    assert paper_tokenize(["Ost-West-Achse"]) == ["Ost ##AT##-##AT## West ##AT##-##AT## Achse"]
+    # Perl's s{(\S)-(\S)}{...}g resumes after each match, so a hyphen whose letter the last match took stays.
+    assert paper_tokenize(["a-b-c"]) == ["a ##AT##-##AT## b-c"]
+    # tokenizer.perl escapes special characters by default; unicode punctuation is replaced first.
+    assert paper_tokenize(['"A" & B…']) == ["&quot; A &quot; &amp; B ..."]
+
+
+def test_paper_bleu_by_hand_and_where_it_differs_from_sacrebleu():
+    hypotheses, references = ["Das Ski-Rennen war toll."], ["Das Ski-Rennen ist toll."]
+    scored = paper_bleu(hypotheses, references)
+    # 7 tokens a side (Das Ski ##AT##-##AT## Rennen war|ist toll .): 1- to 4-gram matches 6/7, 4/6, 2/5, 1/4.
+    assert scored["bleu"] == pytest.approx(100 * (6 / 7 * 4 / 6 * 2 / 5 * 1 / 4) ** 0.25, abs=1e-9)
+    assert scored["precisions"] == [85.71, 66.67, 40.0, 25.0] and scored["brevity_penalty"] == 1.0
+    assert "get_ende_bleu.sh" in scored["protocol"] and "tokenize=none" in scored["protocol"]
+    # sacreBLEU keeps "Ski-Rennen" one token, so the shared compound counts once, not as three tokens.
+    assert corpus_scores(hypotheses, references)["bleu"] < scored["bleu"] - 10
+    # No smoothing, as multi-bleu.perl: a corpus without a matching 4-gram scores 0 (sacreBLEU smooths it).
+    hypotheses, references = ["ein Hund läuft über die Wiese"], ["ein Hund rennt über die grüne Wiese"]
+    assert paper_bleu(hypotheses, references)["bleu"] == 0.0 < corpus_scores(hypotheses, references)["bleu"]
+    with pytest.raises(ValueError, match="one reference per sentence"):
+        paper_bleu(["a"], [["a", "b"]])

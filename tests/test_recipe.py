@@ -1,0 +1,89 @@
+"""scripts/recipes/wmt14_en_de.py in miniature: every stage of the paper's run, from data to both BLEU figures."""
+
+import json
+import runpy
+from pathlib import Path
+
+import pytest
+import torch
+from safetensors.torch import load_file
+from transformers import AutoModelForSeq2SeqLM
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def recipe(absent_multi30k: Path) -> dict:
+    namespace = runpy.run_path(str(ROOT / "scripts" / "recipes" / "wmt14_en_de.py"), run_name="recipe")
+    namespace["MULTI30K"] = absent_multi30k  # the built-in task: the test must not depend on shared data
+    return namespace
+
+
+def test_the_tiny_recipe_trains_averages_and_reports_both_bleu_figures(tmp_path):
+    namespace = recipe(tmp_path / "no_multi30k")
+    output, tokenizer_dir = tmp_path / "run", tmp_path / "bpe"
+    results = namespace["main"]([
+        "--model", "base", "--scale", "tiny", "--output_dir", str(output), "--tokenizer_dir", str(tokenizer_dir),
+        # train.py flags win over the recipe's: a shorter run still writes more checkpoints than it averages.
+        "--max_steps", "12", "--save_steps", "2", "--max_train_samples", "600", "--max_eval_samples", "6",
+        "--eval_strategy", "no", "--per_device_eval_batch_size", "6"])
+
+    saved = json.loads((output / "results.json").read_text())
+    test = saved["test"]
+    assert 0 <= test["bleu"] <= 100 and test["bleu_signature"].startswith("nrefs:1|case:mixed|eff:no|tok:13a")
+    assert 0 <= test["paper_bleu"]["bleu"] <= 100 and "get_ende_bleu.sh" in test["paper_bleu"]["protocol"]
+    assert saved["averaged_checkpoints"] == [f"checkpoint-{step}" for step in (4, 6, 8, 10, 12)]
+    plan = saved["train"]["batch_plan"]
+    assert plan["tokens_per_step"] == 2000 and plan["world_size"] == 1
+    assert results["test"]["bleu"] == test["bleu"]
+
+    # The final folder holds the average of the last 5 checkpoints (§6.1) and loads as any transformers model.
+    averaged = AutoModelForSeq2SeqLM.from_pretrained(output)
+    checkpoints = [load_file(output / name / "model.safetensors") for name in saved["averaged_checkpoints"]]
+    name = "model.encoder.layers.0.self_attn.q_proj.weight"
+    expected = torch.stack([c[name].double() for c in checkpoints]).mean(0).float()
+    torch.testing.assert_close(averaged.state_dict()[name], expected, atol=1e-7, rtol=0)
+    assert not torch.equal(expected, checkpoints[-1][name])  # not simply the last step's weights
+    assert averaged.generation_config.num_beams == 4 and averaged.generation_config.length_penalty == 0.6
+    card = (output / "README.md").read_text()
+    assert "BLEU, tokenized" in card and "get_ende_bleu.sh" in card and "sacreBLEU" in card
+
+    # The vocabulary is trained once and reused by the next run.
+    stamp = (tokenizer_dir / "tokenizer.json").stat().st_mtime_ns
+    namespace["shared_vocabulary"](tokenizer_dir, [], 4000, 64)
+    assert (tokenizer_dir / "tokenizer.json").stat().st_mtime_ns == stamp
+
+
+def test_the_recipe_refuses_settings_that_would_fail_after_training(tmp_path):
+    main = recipe(tmp_path / "no_multi30k")["main"]
+    base = ["--scale", "tiny", "--output_dir", str(tmp_path / "run"), "--tokenizer_dir", str(tmp_path / "bpe"),
+            "--max_train_samples", "200"]
+    with pytest.raises(ValueError, match="--average_last_checkpoints 20 needs --save_total_limit of at least 20"):
+        main(["--model", "big", *base, "--save_total_limit", "3"])
+    with pytest.raises(ValueError, match="--tokens_per_step plans the accumulation itself"):
+        main(["--model", "base", *base, "--gradient_accumulation_steps", "4"])
+
+
+def test_local_wmt14_files_must_all_be_there(tmp_path):
+    main = recipe(tmp_path / "no_multi30k")["main"]
+    (tmp_path / "wmt").mkdir()
+    for name in ("train.en", "train.de", "newstest2013.en", "newstest2013.de", "newstest2014.en"):
+        (tmp_path / "wmt" / name).write_text("x\n")
+    with pytest.raises(FileNotFoundError, match="newstest2014.de is missing"):
+        main(["--model", "base", "--data_dir", str(tmp_path / "wmt"), "--output_dir", str(tmp_path / "run")])
+
+
+def test_the_cost_table_projects_the_measured_step_to_the_papers_runs(capsys):
+    namespace = recipe(Path("/nonexistent"))
+    report = {"environment": {"gpu": "NVIDIA H200"}, "sections": {
+        "paper_batch_training": {"result": {"presets": {"base": {"systems": {"ours_compiled": {"step_ms": 50.0}}}},
+                                            "source_tokens": 25_000, "target_tokens": 25_000}},
+        "train_step_big": {"result": {"source_tokens": 10_000, "target_tokens": 15_000, "step_ms": 100.0}}}}
+    measured = namespace["measured_step_seconds"](report)
+    assert measured["base"]["step_s"] == pytest.approx(0.05)
+    assert measured["big"]["step_s"] == pytest.approx(0.2)  # 25k real tokens measured, 50k wanted: twice the time
+    table = namespace["cost_table"](report, Path("/tmp/report.json"))
+    assert "| base | 100,000 | 50 ms | 1.4 h | 0.17 h | 1 min | 1.4 |" in table
+    assert "| big | 300,000 | 200 ms | 16.7 h | 2.08 h | 16 min | 16.7 |" in table
+    namespace["main"](["--cost_table"])  # the stored H200 report
+    printed = capsys.readouterr().out
+    assert "| base | 100,000 |" in printed and "| big | 300,000 |" in printed and "96 GPU-hours" in printed
