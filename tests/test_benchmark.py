@@ -205,6 +205,10 @@ def test_quick_benchmark_compares_like_with_like_and_writes_reports(spec, tmp_pa
     assert 0 < results["train"]["systems"]["ours"]["mfu"]
     assert set(results["train"]["systems"]) == {"ours", "marian"}
     assert len(results["train"]["floor"]["times_s"]) == spec.repeats
+    compiled = results["train_compiled"]  # eager and torch.compile'd steps, interleaved; compilation timed apart
+    assert set(compiled["systems"]) == {"ours_eager", "ours_compiled", "marian_eager", "marian_compiled"}
+    assert compiled["backend"] == "aot_eager" and all(seconds > 0 for seconds in compiled["compile_s"].values())
+    assert compiled["compiled_speed_vs_marian_compiled"] > 0 and min(compiled["compiled_speed_vs_eager"].values()) > 0
     assert results["targets"]["train_speed_vs_marian"]["ceiling"] == results["train"]["ceiling_vs_marian"] > 0
     for workload in ("greedy", "beam"):  # the floor is timed with the systems, and bounds what they can gain
         assert len(results[workload]["projection_floor"]["times_s"]) == spec.repeats
@@ -235,6 +239,7 @@ def test_quick_benchmark_compares_like_with_like_and_writes_reports(spec, tmp_pa
     markdown = paths["md"].read_text()
     assert "| workload | ours | Marian | textbook | ours/Marian | ours/textbook | target |" in markdown
     assert "Beam-4 speedup over the textbook decoder" in markdown
+    assert "| training step, compiled (torch.compile, aot_eager;" in markdown
     assert "| goal | target | measured | ceiling on this machine | met |" in markdown
 
     # --render rewrites the reports of a saved run without measuring anything.

@@ -92,6 +92,9 @@ class BenchmarkSpec:
     threads: int | None = None  # None: every core this process may run on
     matmul_size: int = 2048
     memory: bool = True
+    # The training step under torch.compile too (what Trainer --torch_compile runs); quick mode uses aot_eager,
+    # since inductor's C++ code generation takes a minute per model on a small CPU.
+    compile_backend: str | None = "inductor"
     isolate_memory: bool = True  # one fresh subprocess per system; quick mode shares one to save start-up time
     seed: int = 0
 
@@ -99,7 +102,7 @@ class BenchmarkSpec:
     def quick(cls, **overrides) -> "BenchmarkSpec":
         values = dict(preset="tiny", batch_size=4, source_length=8, target_length=8, generation_batch_size=2,
                       new_tokens=4, curve_lengths=(2, 4), curve_batch_size=2, repeats=1, warmup=0, matmul_size=128,
-                      threads=1, isolate_memory=False)
+                      threads=1, isolate_memory=False, compile_backend="aot_eager")
         return cls(**{**values, **overrides})
 
     def __post_init__(self):
@@ -645,6 +648,11 @@ def run_benchmark(spec: BenchmarkSpec, log: Callable[[str], None] = print) -> di
                         "shape": {"batch": spec.batch_size, "source": batch["input_ids"].shape[1],
                                   "target": batch["labels"].shape[1]}}
 
+    if spec.compile_backend:
+        mark = time.perf_counter()
+        results["train_compiled"] = compiled_training(models, batch, spec, log)
+        phases["train_compiled"] = time.perf_counter() - mark
+
     # Decoding: greedy and beam search, fixed length.
     source = source_batch(spec, config, spec.generation_batch_size)
     outputs = {}
@@ -743,6 +751,28 @@ def run_benchmark(spec: BenchmarkSpec, log: Callable[[str], None] = print) -> di
     results["elapsed_s"] = time.perf_counter() - started
     results["phase_s"] = phases
     return results
+
+
+def compiled_training(models: dict, batch: dict, spec: BenchmarkSpec, log: Callable[[str], None]) -> dict:
+    """The training step eager and under torch.compile, ours and Marian, interleaved. Each compiled system trains
+    a copy of its model; its first step (the compilation) is timed apart and kept out of the medians."""
+    import copy
+
+    steps, compile_s = {}, {}
+    for name in ("ours", "marian"):
+        steps[f"{name}_eager"] = make_train_step(models[name], batch)
+        steps[f"{name}_compiled"] = make_train_step(torch.compile(copy.deepcopy(models[name]),
+                                                                  backend=spec.compile_backend), batch)
+        log(f"compiling the training step of {name} ({spec.compile_backend}) ...")
+        mark = time.perf_counter()
+        steps[f"{name}_compiled"]()
+        compile_s[name] = time.perf_counter() - mark
+    log("timing the training step, eager vs compiled ...")
+    timed = summarize(time_interleaved(steps, spec.repeats, spec.warmup), int((batch["labels"] != -100).sum()))
+    median = {name: system["median_s"] for name, system in timed.items()}
+    return {"backend": spec.compile_backend, "systems": timed, "compile_s": compile_s,
+            "compiled_speed_vs_eager": {n: median[f"{n}_eager"] / median[f"{n}_compiled"] for n in ("ours", "marian")},
+            "compiled_speed_vs_marian_compiled": median["marian_compiled"] / median["ours_compiled"]}
 
 
 def ratios(results: dict, statistic: str = "median_s") -> dict:
@@ -865,6 +895,15 @@ def render_markdown(results: dict) -> str:
         f"| {_ms(s['marian']['median_s'])} ({s['marian']['throughput']:,.0f} tok/s) | – "
         f"| {_x(r.get('train_speed_vs_marian'))} | – | ≥ {TARGETS['train_speed_vs_marian']}x vs Marian |"
     )
+    compiled = results.get("train_compiled")
+    if compiled:
+        c = compiled["systems"]
+        lines.append(
+            f"| training step, compiled (torch.compile, {compiled['backend']}; eager in the same run: ours "
+            f"{_ms(c['ours_eager']['median_s'])}, Marian {_ms(c['marian_eager']['median_s'])}) "
+            f"| {_ms(c['ours_compiled']['median_s'])} ({_x(compiled['compiled_speed_vs_eager']['ours'])} eager) "
+            f"| {_ms(c['marian_compiled']['median_s'])} ({_x(compiled['compiled_speed_vs_eager']['marian'])} eager) "
+            f"| – | {_x(compiled['compiled_speed_vs_marian_compiled'])} | – | compiled ≥ 1.0x eager (#18) |")
     for workload, label, goal in (("greedy", "greedy", "greedy_speed_vs_marian"),
                                   ("beam", f"beam-{results['beam']['num_beams']}", "beam_speed_vs_marian")):
         w = results[workload]

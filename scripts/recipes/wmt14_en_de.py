@@ -174,7 +174,7 @@ def measured_step_seconds(report: dict) -> dict[str, dict]:
         elif f"train_step_{preset}" in sections:
             result = sections[f"train_step_{preset}"]["result"]
             tokens, seconds = result["source_tokens"] + result["target_tokens"], result["step_ms"] / 1e3
-            how = f"eager bf16 step at {tokens} real tokens, scaled"
+            how = f"eager bf16 step of an earlier device check ({tokens:,} real tokens), scaled"
         else:
             continue
         found[preset] = {"step_s": seconds * 2 * PAPER_TRAINING["tokens_per_step"] / tokens, "how": how}
