@@ -53,12 +53,22 @@ def test_the_tiny_recipe_trains_averages_and_reports_both_bleu_figures(tmp_path)
     assert (tokenizer_dir / "tokenizer.json").stat().st_mtime_ns == stamp
 
 
-def test_the_recipe_refuses_settings_that_would_fail_after_training(tmp_path):
+def test_the_recipe_refuses_settings_that_would_fail_after_training(tmp_path, monkeypatch):
     main = recipe(tmp_path / "no_multi30k")["main"]
     base = ["--scale", "tiny", "--output_dir", str(tmp_path / "run"), "--tokenizer_dir", str(tmp_path / "bpe"),
             "--max_train_samples", "200"]
     with pytest.raises(ValueError, match="--average_last_checkpoints 20 needs --save_total_limit of at least 20"):
         main(["--model", "big", *base, "--save_total_limit", "3"])
+    with pytest.raises(ValueError, match="--average_last_checkpoints 5 needs checkpoints"):
+        main(["--model", "base", *base, "--save_strategy", "no"])
+    with pytest.raises(ValueError, match="--max_steps 30 with --save_steps 10 writes only 3 checkpoints"):
+        main(["--model", "base", *base, "--max_steps", "30"])
+    with pytest.raises(ValueError, match="--push_to_hub would upload the last step's weights before they are averaged"):
+        main(["--model", "base", *base, "--push_to_hub"])
+    monkeypatch.setenv("ACCELERATE_USE_FSDP", "true")
+    with pytest.raises(ValueError, match="FSDP checkpoints do not hold"):
+        main(["--model", "base", *base])
+    monkeypatch.delenv("ACCELERATE_USE_FSDP")
     with pytest.raises(ValueError, match="--tokens_per_step plans the accumulation itself"):
         main(["--model", "base", *base, "--gradient_accumulation_steps", "4"])
 

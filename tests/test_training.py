@@ -177,6 +177,7 @@ def test_pad_to_multiple_of_must_be_positive_and_the_optimizer_is_fused_adamw(tm
         parse(TINY_RUN + ["--output_dir", str(tmp_path), "--pad_to_multiple_of", "0"])
     args = parse(TINY_RUN + ["--output_dir", str(tmp_path)])[3]
     assert args.optim == "adamw_torch_fused"  # Trainer's default from torch 2.8: one kernel per step, not per tensor
+    assert not args.logging_nan_inf_filter  # Trainer's NaN filter reads every micro-batch's loss back to the host
 
 
 def test_a_tokenizer_larger_than_the_models_vocabulary_is_refused_before_training(tmp_path):

@@ -6,6 +6,8 @@
 
 import json
 import logging
+import math
+import os
 import shutil
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -126,6 +128,8 @@ class TranslationTrainingArguments(Seq2SeqTrainingArguments):
     report_to: None | str | list[str] = "tensorboard"
     logging_steps: float = 50
     save_total_limit: int | None = 5  # §6.1 averages the last 5 checkpoints (base)
+    # Trainer's filter tests every micro-batch's loss for NaN in Python, which waits for the device each step.
+    logging_nan_inf_filter: bool = False
     overwrite_output_dir: bool = field(default=False, metadata={
         "help": "Train from scratch into a non-empty --output_dir, replacing the run saved there."})
 
@@ -249,12 +253,26 @@ def check_recipe_fits_the_run(recipe: RecipeArguments, args: TranslationTraining
         raise ValueError(f"--tokens_per_step plans the accumulation itself; drop --gradient_accumulation_steps "
                          f"{args.gradient_accumulation_steps}.")
     wanted = recipe.average_last_checkpoints
-    if wanted:
-        if args.save_strategy == "no":
-            raise ValueError(f"--average_last_checkpoints {wanted} needs checkpoints: set --save_strategy steps.")
-        if args.save_total_limit is not None and args.save_total_limit < wanted:
-            raise ValueError(f"--average_last_checkpoints {wanted} needs --save_total_limit of at least {wanted}, "
-                             f"got {args.save_total_limit}: older checkpoints would be deleted before averaging.")
+    if not wanted:
+        return
+    if args.save_strategy != "steps":  # only step-based saving also saves the final step
+        raise ValueError(f"--average_last_checkpoints {wanted} needs checkpoints every few steps: set --save_strategy "
+                         f"steps (got {args.save_strategy}).")
+    if args.save_total_limit is not None and args.save_total_limit < wanted:
+        raise ValueError(f"--average_last_checkpoints {wanted} needs --save_total_limit of at least {wanted}, "
+                         f"got {args.save_total_limit}: older checkpoints would be deleted before averaging.")
+    if args.max_steps > 0:
+        interval = args.save_steps if args.save_steps >= 1 else math.ceil(args.max_steps * args.save_steps)
+        written = math.ceil(args.max_steps / interval)  # every `interval` steps, and the final one
+        if written < wanted:
+            raise ValueError(f"--average_last_checkpoints {wanted}: --max_steps {args.max_steps} with --save_steps "
+                             f"{args.save_steps} writes only {written} checkpoints.")
+    if args.fsdp or os.environ.get("ACCELERATE_USE_FSDP", "").lower() in ("1", "true"):
+        raise ValueError("--average_last_checkpoints reads each checkpoint's safetensors weights, which FSDP "
+                         "checkpoints do not hold (they are sharded): train with DDP or DeepSpeed ZeRO-2 to average.")
+    if args.push_to_hub:
+        raise ValueError("--push_to_hub would upload the last step's weights before they are averaged: train "
+                         "without it and push the finished folder with scripts/push_to_hub.py.")
 
 
 def replace_weights_with_average(folder: Path, n: int) -> list[str]:
@@ -315,6 +333,11 @@ def run(model_args: ModelArguments, data: DataArguments, recipe: RecipeArguments
         plan = plan_token_batches(recipe.tokens_per_step, max(1, args.world_size), recipe.max_tokens_per_device,
                                   *example_lengths(train_set), pad_to_multiple_of=recipe.pad_to_multiple_of)
         logger.warning("Batches (§5.1): %s.", plan)
+        if args.deepspeed and plan.gradient_accumulation_steps != args.gradient_accumulation_steps:
+            # The DeepSpeed JSON's "auto" values were filled from the arguments as parsed, before this plan.
+            raise ValueError(f"--tokens_per_step with --deepspeed {args.deepspeed}: the plan ({plan}) needs "
+                             f"--gradient_accumulation_steps {plan.gradient_accumulation_steps}; pass it and "
+                             f"--max_tokens_per_batch {plan.max_tokens_per_batch} instead of --tokens_per_step.")
         max_tokens_per_batch, args.gradient_accumulation_steps = plan.max_tokens_per_batch, plan.gradient_accumulation_steps
     eval_set = prepare("validation")[0] if "validation" in raw and args.eval_strategy != "no" else None
     # Trainer evaluation decodes with the paper's beam but a fixed length budget (it pads to one width).
