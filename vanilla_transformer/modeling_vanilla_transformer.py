@@ -51,7 +51,8 @@ def accepts_past_key_values(forward):
     return renamed
 
 
-def check_token_ids(ids: torch.Tensor, name: str, vocab_size: int, allow: int | None = None, read_values=True):
+def check_token_ids(ids: torch.Tensor, name: str, vocab_size: int, allow: int | None = None,
+                    read_values: bool = True):
     """Bad ids fail here with their value, not as an index error deep inside torch (or a CUDA assert).
 
     Reading the values back waits for the device, so a model in training mode checks only dtype and shape: its
