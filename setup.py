@@ -16,6 +16,8 @@ setup(
     long_description_content_type="text/markdown",
     license="Apache-2.0",
     packages=find_packages(include=["vanilla_transformer", "vanilla_transformer.*"]),
+    # Files the package reads at run time (the model card template); tests/test_packaging.py checks the wheel.
+    package_data={"vanilla_transformer": ["**/*.md"]},
     python_requires=">=3.10",
     # transformers moves its internals between minor releases: CI tests the oldest and newest we declare.
     install_requires=["torch>=2.6", "transformers>=5.23,<6", "safetensors>=0.8", "huggingface_hub>=1.31"],

@@ -120,7 +120,7 @@ def test_save_for_hub_writes_a_draft_card_that_validates(checkpoint):
 
 
 def test_a_missing_template_fails_clearly(checkpoint, tmp_path):
-    with pytest.raises(FileNotFoundError, match="model_cards/TEMPLATE.md"):
+    with pytest.raises(FileNotFoundError, match="template_path='.*nowhere.md' is not a file"):
         render_model_card(checkpoint[1], template_path=tmp_path / "nowhere.md", languages=None, license=None,
                           datasets=None, eval_results=None, dataset_name=None)
 

@@ -1,8 +1,7 @@
 """Model cards for saved checkpoints: Hub metadata plus the paper's hyper-parameter table, filled from the folder.
 
-The one template is `model_cards/TEMPLATE.md` at the repository root (Jinja2, the format of
-`huggingface_hub.ModelCard.from_template`). It is found next to the package, which holds for an editable
-install and for imports from the repository; a wheel does not carry it, so pass `template_path=` there.
+The one template is `model_card_template.md`, package data beside this module (Jinja2, the format of
+`huggingface_hub.ModelCard.from_template`), so every install, editable or from a wheel, renders cards.
 
 `ModelCard.validate()` posts the card to the Hub (`/api/validate-yaml`): it cannot run offline
 (OfflineModeIsEnabled under HF_HUB_OFFLINE=1, a connection error without network).
@@ -25,7 +24,7 @@ from transformers import GenerationConfig
 
 from .configuration_vanilla_transformer import VanillaTransformerConfig
 
-TEMPLATE_PATH = Path(__file__).resolve().parent.parent / "model_cards" / "TEMPLATE.md"
+TEMPLATE_PATH = Path(__file__).with_name("model_card_template.md")
 TAGS = ["vanilla-transformer", "translation", "transformer", "encoder-decoder"]
 # ISO 639-1/2/3 codes, or the Hub's special values.
 _LANGUAGE = re.compile(r"[a-z]{2,3}|multilingual|code")
@@ -215,8 +214,7 @@ def render_model_card(folder: str | os.PathLike, *, template_path: str | os.Path
     template_path = Path(template_path) if template_path is not None else TEMPLATE_PATH
     if not template_path.is_file():
         raise FileNotFoundError(
-            f"model card template {template_path} not found: it lives in the repository (model_cards/TEMPLATE.md); "
-            "install the package editable from the repository or pass template_path="
+            f"model card template not found: template_path={str(template_path)!r} is not a file"
         )
     try:
         import jinja2  # what ModelCard.from_template uses too; not a dependency of transformers
