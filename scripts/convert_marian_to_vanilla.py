@@ -5,7 +5,9 @@ outputs; the Marian tokenizer files are copied along.
 """
 
 import argparse
+from pathlib import Path
 
+from vanilla_transformer.checkpoints import check_output_dir
 from vanilla_transformer.conversion import convert_marian
 
 
@@ -16,8 +18,21 @@ def main(argv=None):
     parser.add_argument("--allow_pickle", action="store_true",
                         help="also read pytorch_model.bin (torch.load with weights_only=True) when there is no "
                              "model.safetensors; off by default")
+    parser.add_argument("--no_verify", action="store_true",
+                        help="skip the check that the converted model gives Marian's logits on a fixed random "
+                             "batch (within 1e-4) before anything is written")
     args = parser.parse_args(argv)
-    model = convert_marian(args.marian_dir, args.output_dir, allow_pickle=args.allow_pickle)
+    try:  # refused before anything is read or written, naming the flag
+        check_output_dir(args.output_dir)
+    except ValueError:
+        parser.error(f"--output_dir {args.output_dir} exists and is not empty; it is never overwritten: choose a new folder")
+    if not Path(args.marian_dir).is_dir():
+        parser.error(f"--marian_dir {args.marian_dir}: no such folder")
+    try:
+        model = convert_marian(args.marian_dir, args.output_dir, allow_pickle=args.allow_pickle,
+                               verify=not args.no_verify)
+    except ValueError as error:  # what the model cannot represent, or a failed verification: nothing was written
+        parser.exit(1, f"{parser.prog}: error: {error}\n")
     print(f"Converted {args.marian_dir} ({model.num_parameters():,} parameters) into {args.output_dir}")
 
 

@@ -15,16 +15,9 @@ from pathlib import Path
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
-from transformers import AutoModelForSeq2SeqLM, AutoTokenizer, HfArgumentParser  # noqa: E402
+from transformers import AutoModelForSeq2SeqLM, AutoTokenizer  # noqa: E402
 
-from vanilla_transformer.training import (  # noqa: E402
-    DataArguments,
-    ModelArguments,
-    RecipeArguments,
-    TranslationTrainingArguments,
-    load_raw_splits,
-    run,
-)
+from vanilla_transformer.training import load_raw_splits, parse_training_args, run  # noqa: E402
 from vanilla_transformer.plots import plot_cross_attention  # noqa: E402
 from vanilla_transformer.translation import cross_attention, translate  # noqa: E402
 
@@ -54,8 +47,7 @@ def main(argv=None):
     for flag in ("max_eval_samples", "max_train_samples"):
         if getattr(args, flag) is not None:
             train_args += [f"--{flag}", str(getattr(args, flag))]
-    parsed = HfArgumentParser((ModelArguments, DataArguments, RecipeArguments, TranslationTrainingArguments)) \
-        .parse_args_into_dataclasses(train_args)
+    parsed = parse_training_args(train_args)
 
     start = time.time()
     results = run(*parsed)

@@ -7,6 +7,7 @@
 
 import argparse
 import os
+from pathlib import Path
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
@@ -19,9 +20,22 @@ def main(argv=None):
     parser.add_argument("--output_dir", required=True, help="A new folder for the CTranslate2 model.")
     parser.add_argument("--quantization", default=None, help="int8 | int8_float16 | float16 | ... (default: float32)")
     parser.add_argument("--max_positions", type=int, default=1024, help="Longest input or output, in tokens.")
+    parser.add_argument("--no_verify", action="store_true",
+                        help="skip the check that the float32 export scores a fixed random batch like the model "
+                             "(within 1e-4) before the folder is written")
     args = parser.parse_args(argv)
-    folder = export_ctranslate2(args.model, args.output_dir, quantization=args.quantization,
-                                max_positions=args.max_positions)
+    # Refused before anything is loaded or written, naming the flag.
+    if not (Path(args.model) / "config.json").is_file():
+        parser.error(f"--model {args.model}: not a saved model folder (no config.json there)")
+    if Path(args.output_dir).exists() and (not Path(args.output_dir).is_dir() or any(Path(args.output_dir).iterdir())):
+        parser.error(f"--output_dir {args.output_dir} exists and is not empty; it is never overwritten: choose a new folder")
+    if args.max_positions < 2:
+        parser.error(f"--max_positions must be at least 2, got {args.max_positions}")
+    try:
+        folder = export_ctranslate2(args.model, args.output_dir, quantization=args.quantization,
+                                    max_positions=args.max_positions, verify=not args.no_verify)
+    except ValueError as error:  # what CTranslate2 cannot express, or a failed verification: nothing was written
+        parser.exit(1, f"{parser.prog}: error: {error}\n")
     print(f"wrote {folder}")
 
 

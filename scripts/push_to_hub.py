@@ -32,7 +32,10 @@ def card_arguments(args) -> dict | None:
     """render_model_card's keyword arguments from --card_results and the flags, or None to keep the folder's card."""
     results = {}
     if args.card_results:
-        results = json.loads(Path(args.card_results).read_text(encoding="utf-8"))
+        try:
+            results = json.loads(Path(args.card_results).read_text(encoding="utf-8"))
+        except json.JSONDecodeError as error:
+            raise ValueError(f"--card_results {args.card_results} is not valid JSON ({error})") from None
         if not isinstance(results, dict):
             raise ValueError(f"--card_results {args.card_results} must hold a JSON object")
     fields = {key: results.pop(key) for key in CARD_FIELDS if key in results}

@@ -10,20 +10,12 @@ Every Seq2SeqTrainingArguments flag works (--per_device_train_batch_size, --resu
 """
 
 import json
-import sys
 
-from transformers import HfArgumentParser
-
-from vanilla_transformer.training import DataArguments, ModelArguments, RecipeArguments, TranslationTrainingArguments, run
+from vanilla_transformer.training import parse_training_args, run
 
 
 def main(argv=None):
-    parser = HfArgumentParser((ModelArguments, DataArguments, RecipeArguments, TranslationTrainingArguments))
-    if argv is None and len(sys.argv) == 2 and sys.argv[1].endswith(".json"):
-        parsed = parser.parse_json_file(sys.argv[1])
-    else:
-        parsed = parser.parse_args_into_dataclasses(argv)
-    results = run(*parsed)
+    results = run(*parse_training_args(argv))
     summary = {split: {k: v for k, v in r.items() if k in ("bleu", "chrf", "bleu_signature", "num_sentences")}
                for split, r in results.items() if split != "train"}
     print(json.dumps(summary, indent=2))

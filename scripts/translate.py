@@ -8,7 +8,9 @@
 """
 
 import argparse
+import re
 import sys
+from pathlib import Path
 
 import torch
 from transformers import AutoModelForSeq2SeqLM, AutoTokenizer
@@ -33,6 +35,11 @@ def main(argv=None):
     parser.add_argument("--attention_map", default=None,
                         help="Also draw the encoder-decoder attention of the first sentence into this PNG.")
     args = parser.parse_args(argv)
+    for flag in ("batch_size", "num_beams", "max_new_tokens"):
+        if getattr(args, flag) is not None and getattr(args, flag) < 1:
+            parser.error(f"--{flag} must be at least 1, got {getattr(args, flag)}")
+    if args.input != "-" and not Path(args.input).is_file():
+        parser.error(f"--input {args.input}: no such file")
 
     source = sys.stdin if args.input == "-" else open(args.input, encoding="utf-8")
     with source:
@@ -41,16 +48,22 @@ def main(argv=None):
                        if v is not None}
     # Empty lines stay empty rather than being sent to the model.
     indices = [i for i, line in enumerate(lines) if line.strip()]
-    if args.engine == "ctranslate2":
-        if args.attention_map:
-            parser.error("--attention_map needs the transformers engine (the model's own attention weights).")
-        translations = translate_ctranslate2(args.model, [lines[i] for i in indices], batch_size=args.batch_size,
-                                             device=args.device, **generate_kwargs)
-    else:
-        model = AutoModelForSeq2SeqLM.from_pretrained(args.model).to(args.device)
-        tokenizer = AutoTokenizer.from_pretrained(args.model)
-        translations = translate(model, tokenizer, [lines[i] for i in indices], batch_size=args.batch_size,
-                                 progress=args.output != "-", **generate_kwargs)
+    try:
+        if args.engine == "ctranslate2":
+            if args.attention_map:
+                parser.error("--attention_map needs the transformers engine (the model's own attention weights).")
+            translations = translate_ctranslate2(args.model, [lines[i] for i in indices], batch_size=args.batch_size,
+                                                 device=args.device, **generate_kwargs)
+        else:
+            model = AutoModelForSeq2SeqLM.from_pretrained(args.model).to(args.device)
+            tokenizer = AutoTokenizer.from_pretrained(args.model)
+            translations = translate(model, tokenizer, [lines[i] for i in indices], batch_size=args.batch_size,
+                                     progress=args.output != "-", **generate_kwargs)
+    except ValueError as error:  # name the input line, not the index among non-empty lines
+        too_long = re.match(r"`texts\[(\d+)\]`(.*)", str(error), re.S)
+        if too_long is None:
+            raise
+        parser.exit(1, f"{parser.prog}: error: --input line {indices[int(too_long[1])] + 1}{too_long[2]}\n")
     if args.attention_map and indices:
         from vanilla_transformer.plots import plot_cross_attention
 

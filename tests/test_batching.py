@@ -270,5 +270,5 @@ def test_the_planned_batch_holds_the_asked_tokens_per_step_whatever_the_number_o
                   for k in range(steps)]
         assert abs(np.mean(tokens) - 25_000) < 0.1 * 25_000, (world_size, np.mean(tokens))
     assert "accumulation steps" in str(plan)
-    with pytest.raises(ValueError, match="cannot be shared by 30000 processes"):
+    with pytest.raises(ValueError, match="cannot be shared by world_size=30000 processes"):
         batching.plan_token_batches(25_000, 30_000, 12_000, source, target)

@@ -106,7 +106,7 @@ def test_without_the_permutation_the_logits_differ(monkeypatch):
     marian = tiny_marian()
     monkeypatch.setattr(conversion, "residual_permutation", lambda d_model: torch.arange(d_model))
     batch = padded_batch()
-    assert (logits(convert_marian(marian), *batch) - logits(marian, *batch)).abs().max() > 0.1
+    assert (logits(convert_marian(marian, verify=False), *batch) - logits(marian, *batch)).abs().max() > 0.1
 
 
 @pytest.mark.parametrize("seed", [0, 1, 2])
@@ -205,3 +205,48 @@ def test_command_line_tool_converts_a_saved_folder(tmp_path):
 
     with pytest.raises(ValueError, match="not empty"):  # a second run never overwrites the first
         convert_marian(tmp_path / "marian", tmp_path / "vanilla")
+
+
+def snapshot(folder: Path) -> dict[str, bytes]:
+    return {path.relative_to(folder).as_posix(): path.read_bytes() for path in folder.rglob("*") if path.is_file()}
+
+
+def test_a_wrong_conversion_is_refused_by_its_own_verification_before_anything_is_written(tmp_path, monkeypatch):
+    import vanilla_transformer.conversion as conversion
+    from vanilla_transformer.verification import VerificationError
+
+    marian = tiny_marian()
+    # A converter bug: the residual stream left in Marian's [sin | cos] order.
+    monkeypatch.setattr(conversion, "residual_permutation", lambda d_model: torch.arange(d_model))
+    with pytest.raises(VerificationError, match=r"logits differ from the model's by up to \d.*more than the "
+                                                r"tolerance 0.0001.*nothing was written"):
+        convert_marian(marian, tmp_path / "wrong")
+    assert not (tmp_path / "wrong").exists() and list(tmp_path.iterdir()) == []
+    convert_marian(marian, tmp_path / "unchecked", verify=False)  # asked for: written without the check
+    assert (tmp_path / "unchecked" / "model.safetensors").is_file()
+
+
+def test_the_verification_passes_a_correct_conversion_and_reports_its_largest_difference():
+    from vanilla_transformer.conversion import verify_against_marian
+
+    marian = tiny_marian()
+    assert 0 < verify_against_marian(marian, convert_marian(marian, verify=False)) <= ATOL_FLOAT32
+
+
+@pytest.mark.parametrize("case", ["output_dir exists", "no marian_dir"])
+def test_the_command_line_refuses_by_flag_and_leaves_an_existing_folder_as_it_was(tmp_path, case):
+    marian_dir, output = tmp_path / "marian", tmp_path / "vanilla"
+    tiny_marian().save_pretrained(marian_dir)
+    output.mkdir()
+    (output / "notes.txt").write_text("a user's file")
+    before = snapshot(output)
+    if case == "no marian_dir":
+        marian_dir, output = tmp_path / "nowhere", tmp_path / "new"
+    result = subprocess.run([sys.executable, str(ROOT / "scripts" / "convert_marian_to_vanilla.py"), "--marian_dir",
+                             str(marian_dir), "--output_dir", str(output)], capture_output=True, text=True,
+                            env=CLI_ENV, timeout=120)
+    assert result.returncode == 2
+    expected = f"--output_dir {output} exists and is not empty" if case == "output_dir exists" else \
+        f"--marian_dir {marian_dir}: no such folder"
+    assert expected in result.stderr
+    assert snapshot(tmp_path / "vanilla") == before and not (tmp_path / "new").exists()

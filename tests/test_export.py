@@ -70,7 +70,7 @@ def test_the_export_gives_every_target_token_the_models_log_probability(tmp_path
 def test_an_export_refuses_inputs_longer_than_its_position_table(tmp_path):
     export_ctranslate2(informative_model(), tmp_path / "ct2", tokenizer=tiny_tokenizer(), max_positions=8)
     assert translate_ctranslate2(tmp_path / "ct2", ["w5 w6 w7"], max_new_tokens=4)
-    with pytest.raises(ValueError, match=r"Input 1 has 10 tokens, more than the export's 8 positions"):
+    with pytest.raises(ValueError, match=r"`texts\[1\]` has 10 tokens, more than the export's 8 positions"):
         translate_ctranslate2(tmp_path / "ct2", ["w5", "w5 w6 w7 w8 w9 w10 w11 w12 w13"])
 
 
@@ -117,3 +117,59 @@ def test_the_command_line_exports_a_saved_model_and_translates_with_it(tmp_path)
     output = run.stdout.split("\n")
     assert len(output) == 4 and output[1] == "" and output[0] and output[2]
     assert output[0] == translate_ctranslate2(tmp_path / "ct2", ["w5 w9 w7"], max_new_tokens=6)[0]
+
+
+def snapshot(folder: Path) -> dict[str, bytes]:
+    return {path.relative_to(folder).as_posix(): path.read_bytes() for path in folder.rglob("*") if path.is_file()}
+
+
+@pytest.mark.parametrize("quantization", [None, "int8"])
+def test_a_wrong_export_is_refused_by_its_own_verification_before_the_folder_appears(tmp_path, monkeypatch,
+                                                                                    quantization):
+    import vanilla_transformer.export as export
+    from vanilla_transformer.verification import VerificationError
+
+    correct = export.transformer_spec
+
+    def misplaced_projection(*args, **kwargs):  # an exporter bug: the output layer's weights scaled
+        spec = correct(*args, **kwargs)
+        spec.decoder.projection.weight = spec.decoder.projection.weight * 1.5
+        return spec
+
+    monkeypatch.setattr(export, "transformer_spec", misplaced_projection)
+    with pytest.raises(VerificationError, match=r"log-probabilities differ from the model's by up to .*nothing was "
+                                                r"written.*--no_verify"):
+        export_ctranslate2(informative_model(), tmp_path / "ct2", quantization=quantization, tokenizer=tiny_tokenizer())
+    assert list(tmp_path.iterdir()) == []  # neither the folder nor its staging copy is left
+    export_ctranslate2(informative_model(), tmp_path / "unchecked", tokenizer=tiny_tokenizer(), verify=False)
+    assert (tmp_path / "unchecked" / "model.bin").is_file()
+
+
+def test_the_verification_passes_a_correct_export_of_either_layer_norm_placement(tmp_path, normalize_before):
+    from vanilla_transformer.export import verify_ctranslate2
+
+    model, tokenizer = informative_model(normalize_before), tiny_tokenizer()
+    folder = export_ctranslate2(model, tmp_path / "ct2", tokenizer=tokenizer)
+    assert 0 < verify_ctranslate2(model, tokenizer, folder, max_positions=1024) <= 1e-4
+
+
+@pytest.mark.parametrize("case, flags, message", [
+    ("existing output", [], "--output_dir {output} exists and is not empty"),
+    ("no model", ["--model", "{missing}"], "--model {missing}: not a saved model folder"),
+    ("max positions", ["--max_positions", "1"], "--max_positions must be at least 2, got 1"),
+])
+def test_the_command_line_refuses_by_flag_and_leaves_an_existing_folder_as_it_was(tmp_path, case, flags, message):
+    model_dir, output = tmp_path / "model", tmp_path / "ct2"
+    informative_model().save_pretrained(model_dir)
+    tiny_tokenizer().save_pretrained(model_dir)
+    if case == "existing output":
+        output.mkdir()
+        (output / "model.bin").write_bytes(b"an earlier export")
+    before = snapshot(tmp_path)
+    values = {"output": output, "missing": tmp_path / "missing"}
+    command = [sys.executable, str(ROOT / "scripts" / "export_ctranslate2.py"), "--model", str(model_dir),
+               "--output_dir", str(output), *[flag.format(**values) for flag in flags]]
+    result = subprocess.run(command, capture_output=True, text=True, timeout=300,
+                            env={"HF_HUB_OFFLINE": "1", "OMP_NUM_THREADS": "1", "PATH": "/usr/bin:/bin"})
+    assert result.returncode == 2 and message.format(**values) in result.stderr, result.stderr
+    assert snapshot(tmp_path) == before

@@ -88,12 +88,15 @@ def test_encoder_sees_the_whole_source_and_decoder_only_the_past(normalize_befor
     assert (after.logits[0, 3:] - base.logits[0, 3:]).abs().max() > 1e-4
 
 
-def test_labels_of_another_shape_than_the_decoder_inputs_are_refused():
+@pytest.mark.parametrize("target", ["decoder_input_ids", "decoder_inputs_embeds"])
+def test_labels_of_another_shape_than_the_decoder_inputs_name_both(target):
     model = tiny_model()
     input_ids, attention_mask, labels = random_batch()
-    with pytest.raises(ValueError, match=r"`labels` has shape \(3, 6\), but the decoder inputs have shape \(3, 4\)"):
-        model(input_ids=input_ids, attention_mask=attention_mask, labels=labels,
-              decoder_input_ids=torch.ones(3, 4, dtype=torch.long))
+    decoder_input_ids = torch.ones(3, 4, dtype=torch.long)
+    decoder_inputs = {target: decoder_input_ids if target == "decoder_input_ids"
+                      else model.get_input_embeddings()(decoder_input_ids)}
+    with pytest.raises(ValueError, match=rf"`labels` has shape \(3, 6\), but `{target}` has shape \(3, 4"):
+        model(input_ids=input_ids, attention_mask=attention_mask, labels=labels, **decoder_inputs)
 
 
 def test_eager_and_sdpa_give_the_same_logits(normalize_before):
@@ -739,11 +742,36 @@ def test_inputs_embeds_of_the_wrong_width_name_the_argument_and_the_width(name):
         model(attention_mask=attention_mask, **embeds)
 
 
-def test_a_decoder_batch_of_another_size_than_the_source_batch_is_refused():
+@pytest.mark.parametrize("source", ["input_ids", "inputs_embeds", "encoder_outputs"])
+@pytest.mark.parametrize("target", ["labels", "decoder_input_ids", "decoder_inputs_embeds"])
+def test_a_target_batch_of_another_size_than_the_source_batch_names_the_arguments_passed(source, target):
     model = tiny_model()
     input_ids, attention_mask, _ = random_batch(batch=2)
-    with pytest.raises(ValueError, match="decoder inputs hold 4 sequences but the encoder output holds 2"):
-        model(input_ids=input_ids, attention_mask=attention_mask, labels=torch.randint(4, VOCAB, (4, 5)))
+    sources = {"input_ids": input_ids, "inputs_embeds": model.get_input_embeddings()(input_ids),
+               "encoder_outputs": model.get_encoder()(input_ids=input_ids, attention_mask=attention_mask)}
+    target_ids = torch.randint(4, VOCAB, (3, 5))
+    targets = {"labels": target_ids, "decoder_input_ids": target_ids,
+               "decoder_inputs_embeds": model.get_input_embeddings()(target_ids)}
+    with pytest.raises(ValueError, match=rf"`{target}` holds 3 sequences .* but `{source}` holds 2 .*own source"):
+        model(attention_mask=attention_mask, **{source: sources[source], target: targets[target]})
+
+
+@pytest.mark.parametrize("source", ["input_ids", "inputs_embeds", "encoder_outputs"])
+def test_a_source_mask_of_another_shape_names_the_source_argument(source):
+    model = tiny_model()
+    input_ids, attention_mask, labels = random_batch(batch=2)
+    sources = {"input_ids": input_ids, "inputs_embeds": model.get_input_embeddings()(input_ids),
+               "encoder_outputs": model.get_encoder()(input_ids=input_ids, attention_mask=attention_mask)}
+    with pytest.raises(ValueError, match=rf"`attention_mask` has shape \(2, 5\), but `{source}` has shape \(2, 7"):
+        model(attention_mask=attention_mask[:, :5], labels=labels[:2], **{source: sources[source]})
+
+
+def test_a_decoder_mask_of_another_shape_than_the_labels_names_the_labels():
+    model = tiny_model()
+    input_ids, attention_mask, labels = random_batch()
+    with pytest.raises(ValueError, match=r"`decoder_attention_mask` has shape \(3, 4\), but `labels` has shape \(3, 6\)"):
+        model(input_ids=input_ids, attention_mask=attention_mask, labels=labels,
+              decoder_attention_mask=torch.ones(3, 4, dtype=torch.long))
 
 
 # An optional logits bias (lm_head_bias), for converted OPUS-MT checkpoints ------------------------------

@@ -63,7 +63,7 @@ def test_the_recipe_refuses_settings_that_would_fail_after_training(tmp_path, mo
         main(["--model", "base", *base, "--save_strategy", "no"])
     with pytest.raises(ValueError, match="--max_steps 30 with --save_steps 10 writes only 3 checkpoints"):
         main(["--model", "base", *base, "--max_steps", "30"])
-    with pytest.raises(ValueError, match="--push_to_hub would upload the last step's weights before they are averaged"):
+    with pytest.raises(ValueError, match="--push_to_hub with --average_last_checkpoints 5 would upload the last step's weights before they are averaged"):
         main(["--model", "base", *base, "--push_to_hub"])
     monkeypatch.setenv("ACCELERATE_USE_FSDP", "true")
     with pytest.raises(ValueError, match="FSDP checkpoints do not hold"):
@@ -71,6 +71,51 @@ def test_the_recipe_refuses_settings_that_would_fail_after_training(tmp_path, mo
     monkeypatch.delenv("ACCELERATE_USE_FSDP")
     with pytest.raises(ValueError, match="--tokens_per_step plans the accumulation itself"):
         main(["--model", "base", *base, "--gradient_accumulation_steps", "4"])
+    with pytest.raises(ValueError, match="not both \\(got --tokens_per_step 2000 and --max_tokens_per_batch 500\\)"):
+        main(["--model", "base", *base, "--max_tokens_per_batch", "500"])
+    with pytest.raises(ValueError, match="--noam_warmup_steps must be a positive int, got 0"):
+        main(["--model", "base", *base, "--noam_warmup_steps", "0"])
+    # Each refusal came before the recipe wrote anything: no vocabulary was trained, no run folder made.
+    assert not (tmp_path / "bpe").exists() and not (tmp_path / "run").exists()
+
+
+def snapshot(folder: Path) -> dict[str, bytes]:
+    return {path.relative_to(folder).as_posix(): path.read_bytes() for path in folder.rglob("*") if path.is_file()}
+
+
+def test_the_recipe_never_writes_into_a_finished_run_and_names_the_flags_it_refuses(tmp_path):
+    main = recipe(tmp_path / "no_multi30k")["main"]
+    finished = tmp_path / "run"
+    (finished / "checkpoint-10").mkdir(parents=True)
+    (finished / "model.safetensors").write_bytes(b"weights a user trained")
+    (finished / "checkpoint-10" / "trainer_state.json").write_text("{}")
+    before = snapshot(finished)
+    arguments = ["--scale", "tiny", "--output_dir", str(finished), "--tokenizer_dir", str(tmp_path / "bpe")]
+    with pytest.raises(ValueError, match=f"{finished}.*--resume_from_checkpoint true.*--overwrite_output_dir"):
+        main(arguments)
+    assert snapshot(finished) == before and not (tmp_path / "bpe").exists()
+
+    data_dir = tmp_path / "wmt14"
+    data_dir.mkdir()
+    for name in ("train.en", "train.de", "newstest2013.en", "newstest2013.de", "newstest2014.en"):
+        (data_dir / name).write_text("a line\n")
+    with pytest.raises(FileNotFoundError, match=rf"newstest2014\.de is missing: --data_dir {data_dir} needs"):
+        main(["--data_dir", str(data_dir), "--output_dir", str(tmp_path / "paper"), "--tokenizer_dir",
+              str(tmp_path / "bpe")])
+    assert not (tmp_path / "paper").exists() and not (tmp_path / "bpe").exists()
+
+
+@pytest.mark.parametrize("flags, message", [
+    (["--scale", "tiny", "--data_dir", "somewhere"], "--data_dir somewhere is for --scale paper"),
+    (["--cost_table", "--step_times", "no_such_report.json"], "--step_times no_such_report.json: no such file"),
+    (["--model", "huge"], "--model: invalid choice: 'huge'"),
+])
+def test_the_recipes_own_flags_are_refused_by_name(flags, message, capsys, tmp_path):
+    main = recipe(tmp_path / "no_multi30k")["main"]
+    with pytest.raises(SystemExit) as exit_:
+        main([*flags, "--output_dir", str(tmp_path / "run")])
+    assert exit_.value.code == 2 and message in capsys.readouterr().err
+    assert not (tmp_path / "run").exists()
 
 
 def test_local_wmt14_files_must_all_be_there(tmp_path):

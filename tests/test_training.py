@@ -7,16 +7,9 @@ from pathlib import Path
 
 import pytest
 import torch
-from transformers import AutoModelForSeq2SeqLM, AutoTokenizer, HfArgumentParser
+from transformers import AutoModelForSeq2SeqLM, AutoTokenizer
 
-from vanilla_transformer.training import (
-    DataArguments,
-    ModelArguments,
-    RecipeArguments,
-    TranslationTrainingArguments,
-    load_raw_splits,
-    run,
-)
+from vanilla_transformer.training import load_raw_splits, parse_training_args, run
 from vanilla_transformer.translation import translate
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -26,8 +19,7 @@ TINY_RUN = ["--preset", "tiny", "--vocab_size", "300", "--max_train_samples", "4
 
 
 def parse(arguments):
-    return HfArgumentParser((ModelArguments, DataArguments, RecipeArguments, TranslationTrainingArguments)) \
-        .parse_args_into_dataclasses(arguments)
+    return parse_training_args(arguments)
 
 
 def test_a_short_training_run_saves_a_folder_that_translates_like_the_trained_model(tmp_path):
@@ -191,6 +183,6 @@ def test_a_tokenizer_larger_than_the_models_vocabulary_is_refused_before_trainin
     tokenizer = train_shared_tokenizer(texts, vocab_size=120)
     tokenizer.save_pretrained(folder)
     assert len(tokenizer) > VOCAB
-    with pytest.raises(ValueError, match=rf"tokenizer has {len(tokenizer)} tokens but the model's vocabulary only "
-                                         rf"{VOCAB}"):
+    with pytest.raises(ValueError, match=rf"tokenizer \(from .*model\) has {len(tokenizer)} tokens but the model "
+                                         rf"\(from .*model\) has vocab_size {VOCAB}"):
         run(*parse(TINY_RUN + ["--output_dir", str(tmp_path / "run"), "--model_name_or_path", str(folder)]))

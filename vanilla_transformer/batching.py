@@ -138,7 +138,7 @@ class TokenBucketBatchSampler(Sampler[list[int]]):
             raise ValueError(f"source_lengths and target_lengths must be two flat sequences of the same size, got "
                              f"shapes {source.shape} and {target.shape}.")
         if source.size == 0:
-            raise ValueError("Cannot batch an empty dataset.")
+            raise ValueError("`source_lengths` is empty: there are no examples to batch.")
         if isinstance(max_tokens, bool) or not isinstance(max_tokens, int) or max_tokens < 1:
             raise ValueError(f"max_tokens must be a positive int, got {max_tokens!r}.")
         if isinstance(pad_to_multiple_of, bool) or not isinstance(pad_to_multiple_of, int) or pad_to_multiple_of < 1:
@@ -240,7 +240,8 @@ def plan_token_batches(tokens_per_step: int, world_size: int, max_tokens_per_dev
     budget = tokens_per_step // (world_size * accumulation)
     for _ in range(4):  # the fill changes a little with the budget: a few fixed-point rounds settle it
         if budget < 1:
-            raise ValueError(f"{tokens_per_step} tokens per step cannot be shared by {world_size} processes.")
+            raise ValueError(f"tokens_per_step={tokens_per_step} (--tokens_per_step) cannot be shared by world_size="
+                             f"{world_size} processes with at least one token each.")
         real = _real_tokens_per_step(source, target, budget, world_size, accumulation, pad_to_multiple_of)
         wanted = int(budget * tokens_per_step / ((real[0] + real[1]) / 2))
         if wanted > max_tokens_per_device:
@@ -284,8 +285,9 @@ def token_batch_train_dataloader(trainer, max_tokens: int) -> DataLoader:
     if dataset is None:
         raise ValueError("Trainer: training requires a train_dataset.")
     if isinstance(dataset, (torch.utils.data.IterableDataset, datasets.IterableDataset)):
-        raise ValueError("Token-based batching needs every example's length up front; it does not work with "
-                         "an iterable (streaming) training set.")
+        raise ValueError(f"The training set is a {type(dataset).__name__} (streaming): token-based batching "
+                         "(--max_tokens_per_batch, --tokens_per_step) needs every example's length up front, so it "
+                         "needs a map-style datasets.Dataset.")
     collator = trainer.data_collator
     # The budget counts the padding the collator adds, so it must know the collator's multiple.
     pad_to_multiple_of = getattr(collator, "pad_to_multiple_of", None) or 1

@@ -13,7 +13,7 @@ import json
 import os
 import re
 import shutil
-from contextlib import ExitStack
+from contextlib import ExitStack, contextmanager
 from pathlib import Path
 
 import torch
@@ -38,10 +38,10 @@ def last_checkpoints(run_dir: str | os.PathLike, n: int) -> list[Path]:
     Sorted by the step as a number, so checkpoint-10 comes after checkpoint-9.
     """
     if isinstance(n, bool) or not isinstance(n, int) or n < 1:
-        raise ValueError(f"The number of checkpoints to average must be a positive int, got {n!r}.")
+        raise ValueError(f"n, the number of checkpoints to average, must be a positive int, got {n!r}.")
     run_dir = Path(run_dir)
     if not run_dir.is_dir():
-        raise ValueError(f"{run_dir} is not a directory.")
+        raise ValueError(f"run_dir={str(run_dir)!r} is not a directory.")
     found = sorted(
         (int(match.group(1)), path)
         for path in run_dir.iterdir()
@@ -56,6 +56,8 @@ def last_checkpoints(run_dir: str | os.PathLike, n: int) -> list[Path]:
 def weight_files(folder: str | os.PathLike) -> dict[str, list[str]]:
     """{shard file name: [tensor names]} for a folder saved with `save_pretrained` (one file or sharded)."""
     folder = Path(folder)
+    if not folder.is_dir():
+        raise ValueError(f"{folder} is not a directory.")
     if (folder / INDEX_FILE).is_file():
         weight_map = json.loads((folder / INDEX_FILE).read_text(encoding="utf-8"))["weight_map"]
         shards: dict[str, list[str]] = {}
@@ -93,6 +95,25 @@ def check_output_dir(output_dir: str | os.PathLike) -> Path:
     if output_dir.exists() and (not output_dir.is_dir() or any(output_dir.iterdir())):
         raise ValueError(f"Output directory {output_dir} already exists and is not empty; choose a new one.")
     return output_dir
+
+
+@contextmanager
+def staged_output_dir(output_dir: str | os.PathLike):
+    """Yield a hidden folder beside `output_dir` to write into; it becomes `output_dir` when the block ends and
+    is removed if the block fails, so an output folder appears whole (checked, verified) or not at all."""
+    output_dir = check_output_dir(output_dir)
+    staging = output_dir.with_name(f".{output_dir.name}.partial-{os.getpid()}")
+    shutil.rmtree(staging, ignore_errors=True)
+    staging.mkdir(parents=True)
+    try:
+        yield staging
+        check_output_dir(output_dir)  # nothing else appeared there meanwhile
+        if output_dir.exists():
+            output_dir.rmdir()
+        staging.rename(output_dir)
+    except BaseException:
+        shutil.rmtree(staging, ignore_errors=True)
+        raise
 
 
 def copy_side_files(source: str | os.PathLike, target: str | os.PathLike, patterns=SIDE_FILES) -> list[str]:
@@ -163,32 +184,22 @@ def average_checkpoints(folders: list[str | os.PathLike], output_dir: str | os.P
     _check_compatible(folders, locations)
     newest = folders[-1]
 
-    # Written beside the output and renamed at the end, so the output appears whole or not at all.
-    staging = output_dir.with_name(f".{output_dir.name}.partial-{os.getpid()}")
-    staging.mkdir(parents=True)
-    try:
-        with ExitStack() as stack:
-            handles = {}  # one memory-mapped handle per input file, opened once
+    with staged_output_dir(output_dir) as staging, ExitStack() as stack:
+        handles = {}  # one memory-mapped handle per input file, opened once
 
-            def open_file(path: Path):
-                if path not in handles:
-                    handles[path] = stack.enter_context(safe_open(path, framework="pt"))
-                return handles[path]
+        def open_file(path: Path):
+            if path not in handles:
+                handles[path] = stack.enter_context(safe_open(path, framework="pt"))
+            return handles[path]
 
-            for shard, names in layouts[-1].items():
-                averaged = {name: _average_tensor(name, [open_file(where[name]) for where in locations], folders)
-                            for name in names}
-                save_file(averaged, staging / shard, metadata=open_file(newest / shard).metadata() or {"format": "pt"})
-                del averaged
+        for shard, names in layouts[-1].items():
+            averaged = {name: _average_tensor(name, [open_file(where[name]) for where in locations], folders)
+                        for name in names}
+            save_file(averaged, staging / shard, metadata=open_file(newest / shard).metadata() or {"format": "pt"})
+            del averaged
         if (newest / INDEX_FILE).is_file():
             shutil.copy2(newest / INDEX_FILE, staging / INDEX_FILE)
         copy_side_files(newest, staging)
-        if output_dir.exists():
-            output_dir.rmdir()  # checked empty above
-        staging.rename(output_dir)
-    except BaseException:
-        shutil.rmtree(staging, ignore_errors=True)
-        raise
     return output_dir
 
 
@@ -206,6 +217,7 @@ def _average_tensor(name: str, files: list, folders: list[Path]) -> torch.Tensor
     return (total / len(files)).to(reference.dtype).contiguous()
 
 
-__all__ = ["average_checkpoints", "last_checkpoints", "weight_files", "check_output_dir", "check_weights",
+__all__ = ["average_checkpoints", "last_checkpoints", "weight_files", "check_output_dir", "staged_output_dir",
+           "check_weights",
            "copy_side_files",
            "SIDE_FILES", "TOKENIZER_FILES"]

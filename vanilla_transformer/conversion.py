@@ -24,9 +24,10 @@ from pathlib import Path
 import torch
 from transformers import MarianConfig, MarianMTModel
 
-from .checkpoints import TOKENIZER_FILES, check_output_dir, copy_side_files
+from .checkpoints import TOKENIZER_FILES, check_output_dir, copy_side_files, staged_output_dir
 from .configuration_vanilla_transformer import VanillaTransformerConfig
 from .modeling_vanilla_transformer import VanillaTransformerForConditionalGeneration
+from .verification import check_close, verification_batch
 
 # Marian-only tensors: the position tables are recomputed by our model.
 _DROPPED = ("model.encoder.embed_positions.weight", "model.decoder.embed_positions.weight")
@@ -134,19 +135,24 @@ def _permute(name: str, tensor: torch.Tensor, permutation: torch.Tensor) -> torc
 
 
 def convert_marian(marian: MarianMTModel | str | os.PathLike, output_dir: str | os.PathLike | None = None,
-                   allow_pickle: bool = False) -> VanillaTransformerForConditionalGeneration:
+                   allow_pickle: bool = False, verify: bool = True) -> VanillaTransformerForConditionalGeneration:
     """Convert a MarianMTModel, or a local folder holding one, into our model with the same outputs.
 
     The generation config (num_beams, max_length, bad_words_ids=[[pad]], forced_eos_token_id, ...) is carried
     over whole, so `generate()` decodes as Marian did; our §6.1 defaults are not applied. With `output_dir`,
     the model is saved there with the folder's tokenizer files. A folder is read from safetensors unless
     `allow_pickle` (transformers then reads pytorch_model.bin with torch.load(weights_only=True)).
+
+    With `verify` (the default) both models score a fixed random batch in float32 before anything is written,
+    and a logit that differs by more than `VERIFY_ATOL` raises `VerificationError` naming the difference.
     """
     if output_dir is not None:
         check_output_dir(output_dir)
     source = None
     if not isinstance(marian, MarianMTModel):
         source = Path(marian)
+        if not source.is_dir():
+            raise ValueError(f"marian={str(source)!r} is not a folder (one saved by MarianMTModel.save_pretrained).")
         marian = MarianMTModel.from_pretrained(source, use_safetensors=None if allow_pickle else True)
     config = config_from_marian(marian.config)
     state_dict = marian.state_dict()
@@ -157,14 +163,37 @@ def convert_marian(marian: MarianMTModel | str | os.PathLike, output_dir: str | 
     if missing or unexpected:
         raise ValueError(f"Marian and our model disagree on tensors: missing {missing}, unexpected {unexpected}.")
     model.generation_config = copy.deepcopy(marian.generation_config)
-    model.to(marian.dtype).eval()
+    model.eval()
+    if verify:
+        verify_against_marian(marian, model)
+    model.to(marian.dtype)
     if output_dir is not None:
-        model.save_pretrained(output_dir)
-        if source is not None and source.is_dir():
-            # Marian's tokenizer (source.spm, target.spm, vocab.json, ...) works unchanged with the new model.
-            copy_side_files(source, output_dir, TOKENIZER_FILES)
+        with staged_output_dir(output_dir) as staging:
+            model.save_pretrained(staging)
+            if source is not None:
+                # Marian's tokenizer (source.spm, target.spm, vocab.json, ...) works unchanged with the new model.
+                copy_side_files(source, staging, TOKENIZER_FILES)
     return model
 
 
-__all__ = ["marian_config_like", "convert_marian", "config_from_marian", "state_dict_from_marian", "state_dict_to_marian",
+def verify_against_marian(marian: MarianMTModel, converted: VanillaTransformerForConditionalGeneration) -> float:
+    """The largest logit difference between `marian` and its conversion on a fixed random batch, in float32;
+    `VerificationError` above `VERIFY_ATOL`."""
+    batch = verification_batch(marian.config, max_positions=marian.config.max_position_embeddings)
+    reference = marian if marian.dtype == torch.float32 else copy.deepcopy(marian).float()
+    was_training = reference.training
+    reference.eval()
+    try:
+        with torch.no_grad():
+            input_ids, attention_mask, decoder_input_ids = batch
+            expected = reference(input_ids=input_ids, attention_mask=attention_mask,
+                                 decoder_input_ids=decoder_input_ids).logits
+            actual = converted(input_ids=input_ids, attention_mask=attention_mask,
+                               decoder_input_ids=decoder_input_ids).logits
+    finally:
+        reference.train(was_training)
+    return check_close(expected, actual, "The converted model's logits", how_to_skip="--no_verify (verify=False)")
+
+
+__all__ = ["marian_config_like", "convert_marian", "verify_against_marian", "config_from_marian", "state_dict_from_marian", "state_dict_to_marian",
            "has_logits_bias", "residual_permutation"]

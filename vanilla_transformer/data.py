@@ -50,7 +50,7 @@ def _read_lines(path: PathLike) -> list[str]:
 
 def _to_dataset(rows: Iterator[_Row], src_lang: str, tgt_lang: str, origin: str) -> Dataset:
     if src_lang == tgt_lang:
-        raise ValueError(f"src_lang and tgt_lang are both {src_lang!r}")
+        raise ValueError(f"src_lang and tgt_lang (--source_lang, --target_lang) are both {src_lang!r}")
     records, blank = [], 0
     for src, tgt, src_where, tgt_where in rows:
         if not src.strip() and not tgt.strip():
@@ -159,7 +159,8 @@ def load_dataset_by_name(
     )
     if saved_to_disk:
         if config_name is not None:
-            raise ValueError(f"{name_or_path} is a save_to_disk folder, which has no configs (got {config_name!r})")
+            raise ValueError(f"config_name={config_name!r} (--dataset_config_name) does not apply: {name_or_path} is a "
+                             "save_to_disk folder, which has no configs")
         dataset = load_from_disk(str(folder), **kwargs)
     else:
         dataset = load_dataset(str(name_or_path), config_name, **kwargs)
@@ -183,7 +184,8 @@ def load_parallel_data(
 ) -> Dataset | DatasetDict | IterableDataset | IterableDatasetDict:
     if Path(source).is_file() or target is not None:
         if config_name is not None or kwargs:
-            raise ValueError(f"config_name and extra arguments only apply to datasets, not to the file {source}")
+            raise ValueError(f"config_name={config_name!r} (--dataset_config_name) and extra arguments {sorted(kwargs)} "
+                             f"apply only to datasets, not to the file {source}")
         if target is not None:
             return load_parallel_text_files(source, target, src_lang, tgt_lang)
         return load_translation_file(source, src_lang, tgt_lang)
@@ -223,7 +225,8 @@ def tokenize_parallel(
     num_proc: int | None = None,
 ) -> tuple[Dataset, LengthFilterReport]:
     if not isinstance(dataset, Dataset):
-        raise TypeError(f"tokenize_parallel takes one split (datasets.Dataset), got {type(dataset).__name__}")
+        raise TypeError(f"`dataset` must be one split (datasets.Dataset), got {type(dataset).__name__}"
+                        + (f" with splits {list(dataset)}: pass one, e.g. dataset['train']" if isinstance(dataset, dict) else ""))
 
     def encode(pairs):
         # No truncation: a truncated target teaches the model to stop mid-sentence, so long pairs are dropped below.

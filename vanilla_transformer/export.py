@@ -22,8 +22,9 @@ from pathlib import Path
 
 import torch
 
-from .checkpoints import check_output_dir
+from .checkpoints import check_output_dir, staged_output_dir
 from .modeling_vanilla_transformer import SinusoidalPositionalEncoding
+from .verification import VerificationError, check_close, verification_batch
 
 EXPORT_INFO = "vanilla_transformer_export.json"
 INSTALL_HINT = "pip install 'vanilla-transformer[ctranslate2]' (or: pip install ctranslate2)"
@@ -66,7 +67,8 @@ def transformer_spec(model, tokenizer, max_positions: int = 1024):
         raise ValueError(f"CTranslate2's Transformer has one head count; this model has "
                          f"{config.encoder_attention_heads} (encoder) and {config.decoder_attention_heads} (decoder).")
     if len(tokenizer) > config.vocab_size:
-        raise ValueError(f"The tokenizer has {len(tokenizer)} tokens, more than the model's {config.vocab_size}.")
+        raise ValueError(f"The tokenizer has {len(tokenizer)} tokens, more than the model's vocab_size "
+                         f"{config.vocab_size}: ids from {config.vocab_size} on would have no embedding.")
     spec = specs.TransformerSpec.from_config(
         (config.encoder_layers, config.decoder_layers), config.encoder_attention_heads,
         pre_norm=config.normalize_before, activation=getattr(common_spec.Activation, _ACTIVATIONS[config.activation_function]))
@@ -126,20 +128,74 @@ def transformer_spec(model, tokenizer, max_positions: int = 1024):
 
 
 def export_ctranslate2(model_or_dir, output_dir, quantization: str | None = None, tokenizer=None,
-                       max_positions: int = 1024) -> Path:
+                       max_positions: int = 1024, verify: bool = True) -> Path:
     """Write a CTranslate2 model of `model_or_dir` (a model with `tokenizer`, or a saved folder) to `output_dir`,
     a new folder, with the tokenizer, the decoding settings and a README beside it. `quantization`: None (the
-    weights' own float32), "int8", "int8_float16", "float16", ... as CTranslate2 accepts."""
+    weights' own float32), "int8", "int8_float16", "float16", ... as CTranslate2 accepts.
+
+    With `verify` (the default) the float32 export first scores a fixed random batch, and a token whose
+    log-probability differs from the model's by more than `VERIFY_ATOL` raises `VerificationError`; a quantized
+    export is written after that check of its float32 twin (quantization error is the engine's, not a mapping's).
+    The folder appears only once it is complete."""
     ct2 = _ctranslate2()
+    if isinstance(max_positions, bool) or not isinstance(max_positions, int) or max_positions < 2:
+        raise ValueError(f"max_positions must be an int of at least 2, got {max_positions!r}.")
     output_dir = check_output_dir(output_dir)
     model, tokenizer = _load(model_or_dir, tokenizer)
-    spec = transformer_spec(model, tokenizer, max_positions)
+    transformer_spec(model, tokenizer, max_positions)  # refuses what CTranslate2 cannot express, before any write
 
-    class VanillaTransformerConverter(ct2.converters.Converter):
-        def _load(self):
-            return spec
+    def convert(folder, quantization):
+        spec = transformer_spec(model, tokenizer, max_positions)  # the converter consumes its spec
 
-    VanillaTransformerConverter().convert(str(output_dir), quantization=quantization, force=True)
+        class VanillaTransformerConverter(ct2.converters.Converter):
+            def _load(self):
+                return spec
+
+        VanillaTransformerConverter().convert(str(folder), quantization=quantization, force=True)
+
+    with staged_output_dir(output_dir) as staging:
+        if verify:
+            convert(staging, None)
+            verify_ctranslate2(model, tokenizer, staging, max_positions)
+        if quantization is not None or not verify:
+            convert(staging, quantization)
+        _write_export_files(model, tokenizer, staging, output_dir.name, quantization, max_positions)
+    return output_dir
+
+
+def verify_ctranslate2(model, tokenizer, folder, max_positions: int) -> float:
+    """The largest difference between the log-probabilities that the export in `folder` and `model` give the
+    tokens of a fixed random batch (each target and its eos); `VerificationError` above `VERIFY_ATOL`."""
+    ct2 = _ctranslate2()
+    input_ids, attention_mask, decoder_input_ids = verification_batch(model.config, max_positions - 1,
+                                                                         num_tokens=len(tokenizer))
+    eos = model.config.eos_token_id
+    sources = [tokenizer.convert_ids_to_tokens(ids[mask.bool()].tolist()) + [tokenizer.convert_ids_to_tokens(eos)]
+               for ids, mask in zip(input_ids, attention_mask)]
+    targets = [tokenizer.convert_ids_to_tokens(ids[1:].tolist()) for ids in decoder_input_ids]
+    scored = ct2.Translator(str(folder), device="cpu").score_batch(sources, targets)
+    was_training = model.training
+    model.eval()
+    try:
+        with torch.no_grad():
+            expected, actual = [], []
+            for tokens, target, result in zip(sources, decoder_input_ids, scored):
+                source_ids = torch.tensor([tokenizer.convert_tokens_to_ids(tokens)])
+                log_probs = model(input_ids=source_ids.to(model.device),
+                                  decoder_input_ids=target[None].to(model.device)).logits[0].float().log_softmax(-1)
+                wanted = torch.tensor([*target[1:].tolist(), eos])
+                expected.append(log_probs[torch.arange(len(wanted)), wanted].cpu())
+                actual.append(torch.tensor(result.log_probs))
+    finally:
+        model.train(was_training)
+    if any(len(a) != len(e) for a, e in zip(actual, expected)):
+        raise VerificationError(f"The export scored {[len(a) for a in actual]} tokens where the model scored "
+                                f"{[len(e) for e in expected]}; nothing was written.")
+    return check_close(torch.cat(expected), torch.cat(actual), "The export's log-probabilities",
+                       how_to_skip="--no_verify (verify=False)")
+
+
+def _write_export_files(model, tokenizer, output_dir: Path, name: str, quantization, max_positions):
     tokenizer.save_pretrained(output_dir)
     generation = model.generation_config
     offset = getattr(generation, "max_new_tokens_over_input", None)
@@ -147,20 +203,19 @@ def export_ctranslate2(model_or_dir, output_dir, quantization: str | None = None
             "num_beams": generation.num_beams or 1, "length_penalty": generation.length_penalty,
             "length_penalty_type_in_the_model": getattr(generation, "length_penalty_type", "hf"),
             "max_new_tokens_over_input": offset, "max_new_tokens": generation.max_new_tokens,
-            "ctranslate2": ct2.__version__}
+            "ctranslate2": _ctranslate2().__version__}
     (output_dir / EXPORT_INFO).write_text(json.dumps(info, indent=2) + "\n")
     gnmt = info["length_penalty_type_in_the_model"] == "gnmt"
     (output_dir / "README.md").write_text(f"""# CTranslate2 export of a vanilla_transformer model
 
 Weights: {info['quantization']}. Translate with `vanilla_transformer.export.translate_ctranslate2` or
-`scripts/translate.py --engine ctranslate2 --model {output_dir.name}` (the tokenizer is in this folder).
+`scripts/translate.py --engine ctranslate2 --model {name}` (the tokenizer is in this folder).
 
 - Inputs and outputs are limited to {max_positions} positions (the sinusoid table written into the model).
 - Beam size {info['num_beams']}, length penalty {info['length_penalty']} as log P / |Y|^alpha
   {'(the model was saved with the GNMT penalty, which CTranslate2 does not have)' if gnmt else ''}.
 - Length budget: {f'source length + {offset} new tokens, per batch' if offset is not None else 'as the model saved it'}.
 """)
-    return output_dir
 
 
 def translate_ctranslate2(model_dir, texts: list[str], batch_size: int = 64, num_beams: int | None = None,
@@ -180,7 +235,7 @@ def translate_ctranslate2(model_dir, texts: list[str], batch_size: int = 64, num
     ids = tokenizer(list(texts))["input_ids"] if texts else []
     for i, sentence in enumerate(ids):
         if len(sentence) > info["max_positions"]:
-            raise ValueError(f"Input {i} has {len(sentence)} tokens, more than the export's {info['max_positions']} "
+            raise ValueError(f"`texts[{i}]` has {len(sentence)} tokens, more than the export's {info['max_positions']} "
                              f"positions: {texts[i][:80]!r}. Export again with a larger max_positions.")
     order = sorted(range(len(ids)), key=lambda i: -len(ids[i]))
     results = [None] * len(ids)
@@ -199,4 +254,4 @@ def translate_ctranslate2(model_dir, texts: list[str], batch_size: int = 64, num
     return results
 
 
-__all__ = ["export_ctranslate2", "translate_ctranslate2", "transformer_spec", "EXPORT_INFO"]
+__all__ = ["export_ctranslate2", "verify_ctranslate2", "translate_ctranslate2", "transformer_spec", "EXPORT_INFO"]

@@ -138,7 +138,7 @@ def stage_for_hub(model_dir: str | os.PathLike, staging_dir: str | os.PathLike,
     """
     source, staging = Path(model_dir).resolve(), Path(staging_dir).resolve()
     if not source.is_dir():
-        raise ValueError(f"{model_dir} is not a folder")
+        raise ValueError(f"model_dir={str(model_dir)!r} is not a folder")
     if staging == source or source in staging.parents:
         raise ValueError(f"the staging folder {staging_dir} must lie outside the model folder {model_dir}")
     if staging.exists() and any(staging.iterdir()):
@@ -166,7 +166,8 @@ def resolve_token(token: str | None = None) -> str:
     if not token:
         raise ValueError(
             "No Hugging Face token found. Log in with `hf auth login` (or `huggingface-cli login`), set the "
-            "HF_TOKEN environment variable, or pass --token; it needs write access to the target repository."
+            "HF_TOKEN environment variable, or pass token= (--token in scripts/push_to_hub.py); it needs write access "
+            "to the target repository."
         )
     return token
 

@@ -18,8 +18,10 @@ def _reference_streams(references, n_hypotheses):
     if n_hypotheses == 0:
         raise ValueError("cannot score an empty corpus")
     per_hyp = [[r] if isinstance(r, str) else list(r) for r in references]
-    if len({len(r) for r in per_hyp}) != 1:
-        raise ValueError("every hypothesis needs the same number of references")
+    odd = next((i for i, r in enumerate(per_hyp) if len(r) != len(per_hyp[0])), None)
+    if odd is not None:
+        raise ValueError(f"references[{odd}] has {len(per_hyp[odd])} alternatives but references[0] has "
+                         f"{len(per_hyp[0])}: every hypothesis needs the same number")
     return [list(stream) for stream in zip(*per_hyp)]
 
 

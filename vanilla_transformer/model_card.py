@@ -141,9 +141,11 @@ def model_card_variables(
     if eval_results is not None:
         missing = [k for k in ("bleu", "bleu_signature") if eval_results.get(k) is None]
         if missing:
-            raise ValueError(f"eval_results lacks {missing}; give the scores with their sacreBLEU signature")
+            raise ValueError(f"eval_results lacks {missing} (it has {sorted(eval_results)}); give the scores with their "
+                             "sacreBLEU signature")
         if not dataset_name:
-            raise ValueError("eval_results needs dataset_name: the name of the test set the scores are on")
+            raise ValueError("eval_results needs dataset_name (--dataset_name in scripts/push_to_hub.py): the name of "
+                             "the test set the scores are on")
 
     config = VanillaTransformerConfig.from_pretrained(folder)
     model_name = repo_id.split("/")[-1] if repo_id else folder.resolve().name

@@ -71,10 +71,24 @@ def check_token_ids(ids: torch.Tensor, name: str, vocab_size: int, allow: int | 
         raise ValueError(f"`{name}` holds id {ids[bad][0].item()}, outside the vocabulary [0, {vocab_size}).")
 
 
-def check_mask(mask: torch.Tensor | None, name: str, shape: torch.Size):
+def check_mask(mask: torch.Tensor | None, name: str, sequences: torch.Tensor, sequences_name: str):
     """2-D masks must cover their sequences exactly (4-D masks, e.g. generate()'s for static caches, pass)."""
-    if mask is not None and mask.dim() == 2 and mask.shape != shape:
-        raise ValueError(f"`{name}` has shape {tuple(mask.shape)}, but its sequences have shape {tuple(shape)}.")
+    if mask is not None and mask.dim() == 2 and mask.shape != sequences.shape[:2]:
+        raise ValueError(f"`{name}` has shape {tuple(mask.shape)}, but `{sequences_name}` has shape "
+                         f"{tuple(sequences.shape)}: the mask needs one entry per token.")
+
+
+def check_pairs(source_name: str, source: torch.Tensor, target_name: str, target: torch.Tensor):
+    """Each target sequence needs its own source; the error names the arguments as the user passed them."""
+    if target.shape[0] != source.shape[0]:
+        raise ValueError(f"`{target_name}` holds {target.shape[0]} sequences (shape {tuple(target.shape)}) but "
+                         f"`{source_name}` holds {source.shape[0]} (shape {tuple(source.shape)}): each target needs "
+                         "its own source.")
+
+
+def given(**arguments) -> tuple[str, torch.Tensor] | tuple[None, None]:
+    """The first argument that was passed, with its name: which of ids, embeddings or encoder outputs it was."""
+    return next(((name, value) for name, value in arguments.items() if value is not None), (None, None))
 
 
 def can_skip_padding_mask(mask: torch.Tensor | None, training: bool) -> bool:
@@ -88,8 +102,8 @@ def label_smoothed_cross_entropy(logits, labels, label_smoothing: float = 0.0, n
     by the label count, or by Trainer's `num_items_in_batch` (the whole optimizer step's, so accumulation and data
     parallelism train like one large batch). No labels give 0 and zero gradients, not 0 / 0."""
     if labels.shape != logits.shape[:-1]:
-        raise ValueError(f"`labels` has shape {tuple(labels.shape)}, but the decoder inputs have shape "
-                         f"{tuple(logits.shape[:-1])}.")
+        raise ValueError(f"`labels` has shape {tuple(labels.shape)}, but `logits` has shape {tuple(logits.shape)}: "
+                         "one label per position.")
     labels = labels.to(logits.device)
     total = F.cross_entropy(logits.float().flatten(0, -2), labels.flatten(), ignore_index=-100, reduction="sum",
                             label_smoothing=label_smoothing)
@@ -336,7 +350,8 @@ class VanillaTransformerEncoder(_Stack):
                 output_hidden_states=None, **kwargs) -> BaseModelOutput:
         output_attentions, output_hidden_states = self.output_flags(output_attentions, output_hidden_states)
         hidden_states = self.embed(input_ids, inputs_embeds)
-        check_mask(attention_mask, "attention_mask", hidden_states.shape[:2])
+        check_mask(attention_mask, "attention_mask", hidden_states if input_ids is None else input_ids,
+                   self.input_name.replace("input_ids", "inputs_embeds") if input_ids is None else self.input_name)
         mask = create_bidirectional_mask(self.config, hidden_states, attention_mask,
                                          allow_is_bidirectional_skip=can_skip_padding_mask(attention_mask, self.training))
         all_hidden_states, all_attentions = (), ()
@@ -378,15 +393,14 @@ class VanillaTransformerDecoder(_Stack):
         elif cache is None:
             cache = EncoderDecoderCache(DynamicCache(config=self.config), DynamicCache(config=self.config))
         elif not isinstance(cache, EncoderDecoderCache):
-            raise TypeError(f"The decoder's cache must be an EncoderDecoderCache (self- and cross-attention), got "
+            raise TypeError(f"`cache` (or `past_key_values`) must be an EncoderDecoderCache (self- and cross-attention), got "
                             f"{type(cache).__name__}.")
         past_length = cache.get_seq_length() if cache is not None else 0
 
         hidden_states = self.embed(input_ids, inputs_embeds, past_length, check_ids)
-        if hidden_states.shape[0] != encoder_hidden_states.shape[0]:
-            raise ValueError(f"The decoder inputs hold {hidden_states.shape[0]} sequences but the encoder output holds "
-                             f"{encoder_hidden_states.shape[0]}: each target needs its own source.")
-        check_mask(encoder_attention_mask, "attention_mask", encoder_hidden_states.shape[:2])
+        check_pairs("encoder_hidden_states", encoder_hidden_states, *given(
+            **{self.input_name: input_ids, self.input_name.replace("input_ids", "inputs_embeds"): inputs_embeds}))
+        check_mask(encoder_attention_mask, "encoder_attention_mask", encoder_hidden_states, "encoder_hidden_states")
         causal_mask = create_causal_mask(  # the cache goes in positionally: `past_key_values` on 5.23, `cache` on 5.24+
             self.config, hidden_states, attention_mask, None if cache is None else cache.self_attention_cache)
         cross_mask = create_bidirectional_mask(
@@ -437,8 +451,16 @@ class VanillaTransformerModel(VanillaTransformerPreTrainedModel):
                 input_ids=input_ids, attention_mask=attention_mask, inputs_embeds=inputs_embeds,
                 output_attentions=output_attentions, output_hidden_states=output_hidden_states,
             )
-        elif not isinstance(encoder_outputs, BaseModelOutput):  # a tuple: (last_hidden_state, hidden_states, ...)
-            encoder_outputs = BaseModelOutput(*encoder_outputs)
+            source = given(input_ids=input_ids, inputs_embeds=inputs_embeds)
+        else:
+            if not isinstance(encoder_outputs, BaseModelOutput):  # a tuple: (last_hidden_state, hidden_states, ...)
+                encoder_outputs = BaseModelOutput(*encoder_outputs)
+            source = ("encoder_outputs", encoder_outputs.last_hidden_state)
+            check_mask(attention_mask, "attention_mask", *reversed(source))
+        # Checked here, where the arguments have the names the user gave them (the decoder knows other names).
+        target = given(decoder_input_ids=decoder_input_ids, decoder_inputs_embeds=decoder_inputs_embeds)
+        if target[0] is not None:
+            check_pairs(*source, *target)
         decoder_outputs = self.decoder(
             input_ids=decoder_input_ids, attention_mask=decoder_attention_mask,
             encoder_hidden_states=encoder_outputs.last_hidden_state, encoder_attention_mask=attention_mask,
@@ -487,8 +509,17 @@ class VanillaTransformerForConditionalGeneration(VanillaTransformerPreTrainedMod
         if labels is not None:
             check_token_ids(labels, "labels", self.config.vocab_size, allow=-100, read_values=not self.training)
             use_cache = False
-            if decoder_input_ids is None and decoder_inputs_embeds is None:
+            target = given(decoder_input_ids=decoder_input_ids, decoder_inputs_embeds=decoder_inputs_embeds)
+            if target[0] is None:  # the decoder's inputs come from `labels`: errors about them name `labels`
+                source = given(encoder_outputs=None if encoder_outputs is None else encoder_outputs[0],
+                               input_ids=input_ids, inputs_embeds=inputs_embeds)
+                if source[0] is not None:
+                    check_pairs(*source, "labels", labels)
+                check_mask(decoder_attention_mask, "decoder_attention_mask", labels, "labels")
                 decoder_input_ids = self.prepare_decoder_input_ids_from_labels(labels)
+            elif labels.shape != target[1].shape[:2]:
+                raise ValueError(f"`labels` has shape {tuple(labels.shape)}, but `{target[0]}` has shape "
+                                 f"{tuple(target[1].shape)}: one label per decoder position.")
         outputs = self.model(
             input_ids=input_ids, attention_mask=attention_mask, decoder_input_ids=decoder_input_ids,
             decoder_attention_mask=decoder_attention_mask, encoder_outputs=encoder_outputs,

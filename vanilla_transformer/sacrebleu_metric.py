@@ -57,9 +57,13 @@ class LocalSacreBleu(evaluate.Metric):
         use_effective_order=False,
     ):
         references = [[r] if isinstance(r, str) else list(r) for r in references]
+        if not references:
+            raise ValueError("`references` is empty: sacreBLEU needs references for every prediction")
         n_refs = len(references[0])
-        if any(len(r) != n_refs for r in references):
-            raise ValueError("sacreBLEU needs the same number of references for every prediction")
+        odd = next((i for i, r in enumerate(references) if len(r) != n_refs), None)
+        if odd is not None:
+            raise ValueError(f"references[{odd}] has {len(references[odd])} references but references[0] has "
+                             f"{n_refs}: sacreBLEU needs the same number for every prediction")
         # sacreBLEU takes one stream per reference position, not one list per prediction.
         streams = [[r[i] for r in references] for i in range(n_refs)]
         bleu = sacrebleu.metrics.BLEU(

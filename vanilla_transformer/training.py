@@ -9,6 +9,7 @@ import logging
 import math
 import os
 import shutil
+import sys
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
@@ -18,6 +19,7 @@ from transformers import (
     AutoModelForSeq2SeqLM,
     AutoTokenizer,
     GenerationConfig,
+    HfArgumentParser,
     Seq2SeqTrainer,
     Seq2SeqTrainingArguments,
     enable_full_determinism,
@@ -107,13 +109,19 @@ class RecipeArguments:
         "help": "Also score the paper's tokenized BLEU (Moses tokens, compound splitting; metrics.paper_bleu)."})
 
     def __post_init__(self):
-        for name in ("pad_to_multiple_of", "tokens_per_step", "max_tokens_per_device", "average_last_checkpoints"):
+        if self.lr_scheduler not in ("noam", "trainer"):
+            raise ValueError(f"--lr_scheduler must be 'noam' or 'trainer', got {self.lr_scheduler!r}.")
+        for name in ("pad_to_multiple_of", "tokens_per_step", "max_tokens_per_device", "average_last_checkpoints",
+                     "max_tokens_per_batch", "noam_warmup_steps"):
             value = getattr(self, name)
             if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 1):
                 raise ValueError(f"--{name} must be a positive int, got {value!r}.")
+        if not self.noam_factor > 0:
+            raise ValueError(f"--noam_factor must be > 0, got {self.noam_factor!r}.")
         if self.tokens_per_step is not None and self.max_tokens_per_batch is not None:
-            raise ValueError("Give --tokens_per_step (the batch per optimizer step, planned) or --max_tokens_per_batch "
-                             "(the budget per device batch), not both.")
+            raise ValueError(f"Give --tokens_per_step (the batch per optimizer step, planned) or --max_tokens_per_batch "
+                             f"(the budget per device batch), not both (got --tokens_per_step {self.tokens_per_step} "
+                             f"and --max_tokens_per_batch {self.max_tokens_per_batch}).")
 
 
 @dataclass
@@ -141,6 +149,25 @@ class TranslationTrainingArguments(Seq2SeqTrainingArguments):
             # accelerate accepts it on a CPU and then trains in float32: say so instead of pretending.
             raise ValueError("--fp16 has no effect on a CPU (accelerate trains in float32 there); use --bf16 for "
                              "mixed precision on a CPU, or drop the flag.")
+
+
+TrainingArguments = tuple[ModelArguments, DataArguments, RecipeArguments, TranslationTrainingArguments]
+
+
+def parse_training_args(argv: list[str] | None = None) -> TrainingArguments:
+    """scripts/train.py's command line (every Seq2SeqTrainingArguments flag too) as its four dataclasses;
+    `argv` None reads sys.argv, and a single `.json` argument reads the flags from that file."""
+    parser = HfArgumentParser((ModelArguments, DataArguments, RecipeArguments, TranslationTrainingArguments))
+    arguments = sys.argv[1:] if argv is None else list(argv)
+    if len(arguments) == 1 and arguments[0].endswith(".json"):
+        return parser.parse_json_file(arguments[0])
+    return parser.parse_args_into_dataclasses(arguments)
+
+
+def check_run_can_start(recipe: RecipeArguments, args: TranslationTrainingArguments):
+    """Every refusal that needs no data: before a recipe writes anything (a vocabulary, data files) or trains."""
+    check_recipe_fits_the_run(recipe, args)
+    check_output_dir_is_free(args)
 
 
 class PaperTrainer(Seq2SeqTrainer):
@@ -189,13 +216,16 @@ def load_raw_splits(data: DataArguments) -> DatasetDict:
     for split in SPLITS:
         source, target = getattr(data, f"{split}_source_file"), getattr(data, f"{split}_target_file")
         if (source is None) != (target is None):
-            raise ValueError(f"Give both --{split}_source_file and --{split}_target_file, got only one.")
+            given, missing = ("source", "target") if target is None else ("target", "source")
+            raise ValueError(f"--{split}_{given}_file {source or target} was given without --{split}_{missing}_file: "
+                             "give both.")
         if source is not None:
             splits[split] = load_parallel_text_files(source, target, data.source_lang, data.target_lang)
     if "validation" not in splits and "valid" in splits:
         splits["validation"] = splits.pop("valid")
     if "train" not in splits:
-        raise ValueError(f"No training split found; splits available: {sorted(splits)}.")
+        raise ValueError(f"--dataset {data.dataset!r} has no 'train' split (splits: {sorted(splits)}); give one "
+                         "that has, or --train_source_file and --train_target_file.")
     for split, limit in (("train", data.max_train_samples), ("validation", data.max_eval_samples),
                          ("test", data.max_eval_samples)):
         if limit is not None and split in splits:
@@ -268,10 +298,12 @@ def check_recipe_fits_the_run(recipe: RecipeArguments, args: TranslationTraining
             raise ValueError(f"--average_last_checkpoints {wanted}: --max_steps {args.max_steps} with --save_steps "
                              f"{args.save_steps} writes only {written} checkpoints.")
     if args.fsdp or os.environ.get("ACCELERATE_USE_FSDP", "").lower() in ("1", "true"):
-        raise ValueError("--average_last_checkpoints reads each checkpoint's safetensors weights, which FSDP "
+        raise ValueError(f"--average_last_checkpoints {wanted} with FSDP (--fsdp {args.fsdp!r}, ACCELERATE_USE_FSDP="
+                         f"{os.environ.get('ACCELERATE_USE_FSDP')!r}) reads each checkpoint's safetensors weights, which FSDP "
                          "checkpoints do not hold (they are sharded): train with DDP or DeepSpeed ZeRO-2 to average.")
     if args.push_to_hub:
-        raise ValueError("--push_to_hub would upload the last step's weights before they are averaged: train "
+        raise ValueError(f"--push_to_hub with --average_last_checkpoints {wanted} would upload the last step's weights "
+                         "before they are averaged: train "
                          "without it and push the finished folder with scripts/push_to_hub.py.")
 
 
@@ -306,18 +338,18 @@ def check_output_dir_is_free(args: TranslationTrainingArguments):
 def run(model_args: ModelArguments, data: DataArguments, recipe: RecipeArguments,
         args: TranslationTrainingArguments) -> dict:
     """Train, evaluate BLEU on the test (else validation) split, save a Hub-ready folder; return the results."""
-    if recipe.lr_scheduler not in ("noam", "trainer"):
-        raise ValueError(f"--lr_scheduler must be 'noam' or 'trainer', got {recipe.lr_scheduler!r}.")
-    check_recipe_fits_the_run(recipe, args)
-    check_output_dir_is_free(args)
+    check_run_can_start(recipe, args)
     raw = load_raw_splits(data)
     tokenizer = build_tokenizer(model_args, raw["train"], data)
     # Seed before the weights are drawn: Trainer seeds only later, and every rank must start from the same model.
     (enable_full_determinism if args.full_determinism else set_seed)(args.seed)
     model = build_model(model_args, recipe, tokenizer)
     if len(tokenizer) > model.config.vocab_size:  # the only way the data path can produce ids the model lacks
-        raise ValueError(f"The tokenizer has {len(tokenizer)} tokens but the model's vocabulary only "
-                         f"{model.config.vocab_size}: ids from {model.config.vocab_size} on would have no embedding.")
+        where = model_args.tokenizer_name_or_path or model_args.model_name_or_path
+        raise ValueError(f"The tokenizer (from {where}) has {len(tokenizer)} tokens but the model (from "
+                         f"{model_args.model_name_or_path or model_args.config_file or '--preset ' + model_args.preset}) "
+                         f"has vocab_size {model.config.vocab_size}: ids from {model.config.vocab_size} on would have "
+                         "no embedding.")
     generation_config = GenerationConfig.from_dict(model.generation_config.to_dict())
 
     def prepare(split):
@@ -328,6 +360,9 @@ def run(model_args: ModelArguments, data: DataArguments, recipe: RecipeArguments
         return tokenized, report
 
     train_set, train_report = prepare("train")
+    if train_report.kept == 0:
+        raise ValueError(f"No training pair is left: all {train_report.dropped} are longer than --max_source_length "
+                         f"{data.max_source_length} or --max_target_length {data.max_target_length} tokens.")
     max_tokens_per_batch, plan = recipe.max_tokens_per_batch, None
     if recipe.tokens_per_step is not None:
         plan = plan_token_batches(recipe.tokens_per_step, max(1, args.world_size), recipe.max_tokens_per_device,
@@ -455,5 +490,6 @@ def evaluate_bleu(model, tokenizer, split, data: DataArguments, batch_size: int 
 
 
 __all__ = ["ModelArguments", "DataArguments", "RecipeArguments", "TranslationTrainingArguments", "PaperTrainer",
+           "parse_training_args", "check_run_can_start",
            "run", "resolve_checkpoint", "check_output_dir_is_free", "check_recipe_fits_the_run",
            "replace_weights_with_average", "evaluate_bleu", "load_raw_splits", "build_tokenizer", "build_model"]

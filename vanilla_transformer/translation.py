@@ -17,7 +17,7 @@ def translate(model, tokenizer, texts: list[str], batch_size: int = 64, max_sour
     if too_long:
         i = too_long[0]
         raise ValueError(
-            f"Input {i} has {lengths[i]} tokens, more than max_source_length={max_source_length}: "
+            f"`texts[{i}]` has {lengths[i]} tokens, more than max_source_length={max_source_length}: "
             f"{texts[i][:80]!r}. Raise the limit rather than have it cut silently."
         )
     order = sorted(range(len(texts)), key=lambda i: -lengths[i])

@@ -35,17 +35,8 @@ from datetime import timedelta
 from pathlib import Path
 
 from accelerate import PartialState
-from transformers import HfArgumentParser
-
 from vanilla_transformer.tokenization import train_shared_tokenizer
-from vanilla_transformer.training import (
-    DataArguments,
-    ModelArguments,
-    RecipeArguments,
-    TranslationTrainingArguments,
-    load_raw_splits,
-    run,
-)
+from vanilla_transformer.training import check_run_can_start, load_raw_splits, parse_training_args, run
 
 ROOT = Path(__file__).resolve().parents[2]
 MULTI30K = ROOT.parent / "shared" / "data" / "multi30k"
@@ -80,45 +71,54 @@ def recipe_parser() -> argparse.ArgumentParser:
     return parser
 
 
-def data_flags(recipe, scale: dict, output_dir: Path) -> list[str]:
-    """train.py's data flags: WMT14 (local files or the Hub) at paper scale; Multi30k or the built-in task tiny."""
+def data_flags(recipe, output_dir: Path) -> list[str]:
+    """train.py's data flags: WMT14 (local files or the Hub) at paper scale; Multi30k or the built-in task tiny.
+    Writes nothing: the input files are checked here, and the Multi30k halves are written by `write_val_halves`."""
     if recipe.scale == "tiny":
         if not (MULTI30K / "train.en").is_file():
             return ["--dataset", "builtin", "--max_train_samples", "20000", "--max_eval_samples", "200"]
-        # Multi30k has no test split here: its val set, halved, is validation and test. Written beside the run
-        # folder (never into the repository: the data is for research use only).
-        folder = output_dir.parent / "multi30k_val_halves"
-        if PartialState().is_main_process:
-            folder.mkdir(parents=True, exist_ok=True)
-            for lang in ("en", "de"):
-                lines = (MULTI30K / f"val.{lang}").read_text(encoding="utf-8").splitlines()
-                half = len(lines) // 2
-                (folder / f"validation.{lang}").write_text("\n".join(lines[:half]) + "\n", encoding="utf-8")
-                (folder / f"test.{lang}").write_text("\n".join(lines[half:]) + "\n", encoding="utf-8")
-        PartialState().wait_for_everyone()
+        folder = val_halves_folder(output_dir)
+        inputs = {"train": MULTI30K / "train", "val": MULTI30K / "val"}
         files = {"train": MULTI30K / "train", "validation": folder / "validation", "test": folder / "test"}
+        where = f"--scale tiny reads Multi30k from {MULTI30K}, which needs train and val"
     elif recipe.data_dir is None:
         return ["--dataset", "wmt14", "--dataset_config_name", "de-en"]
     else:
-        files = {"train": recipe.data_dir / "train", "validation": recipe.data_dir / "newstest2013",
-                 "test": recipe.data_dir / "newstest2014"}
-    flags = []
-    for split, stem in files.items():
-        for side, lang in (("source", "en"), ("target", "de")):
-            path = Path(f"{stem}.{lang}")
-            if not path.is_file():
-                raise FileNotFoundError(f"{path} is missing: --data_dir needs train, newstest2013 and newstest2014, "
-                                        "each as .en and .de line-aligned text files.")
-            flags += [f"--{split}_{side}_file", str(path)]
-    return flags
+        files = inputs = {"train": recipe.data_dir / "train", "validation": recipe.data_dir / "newstest2013",
+                          "test": recipe.data_dir / "newstest2014"}
+        where = f"--data_dir {recipe.data_dir} needs train, newstest2013 and newstest2014"
+    for stem in inputs.values():
+        for lang in ("en", "de"):
+            if not Path(f"{stem}.{lang}").is_file():
+                raise FileNotFoundError(f"{stem}.{lang} is missing: {where}, each as .en and .de line-aligned "
+                                        "text files.")
+    return [flag for split, stem in files.items()
+            for side, lang in (("source", "en"), ("target", "de")) for flag in (f"--{split}_{side}_file", f"{stem}.{lang}")]
 
 
-def shared_vocabulary(tokenizer_dir: Path, train_flags: list[str], vocab_size: int, max_length: int) -> Path:
+def val_halves_folder(output_dir: Path) -> Path:
+    """Multi30k has no test split here: its val set, halved, is validation and test. Written beside the run
+    folder (never into the repository: the data is for research use only)."""
+    return output_dir.parent / "multi30k_val_halves"
+
+
+def write_val_halves(output_dir: Path):
+    folder = val_halves_folder(output_dir)
+    if PartialState().is_main_process:
+        folder.mkdir(parents=True, exist_ok=True)
+        for lang in ("en", "de"):
+            lines = (MULTI30K / f"val.{lang}").read_text(encoding="utf-8").splitlines()
+            half = len(lines) // 2
+            (folder / f"validation.{lang}").write_text("\n".join(lines[:half]) + "\n", encoding="utf-8")
+            (folder / f"test.{lang}").write_text("\n".join(lines[half:]) + "\n", encoding="utf-8")
+    PartialState().wait_for_everyone()
+
+
+def shared_vocabulary(tokenizer_dir: Path, data, vocab_size: int, max_length: int) -> Path:
     """§5.1's shared source-target BPE: trained once (by the main process) from the training split, then reused."""
     state = PartialState()
     with state.main_process_first():
         if state.is_main_process and not (tokenizer_dir / "tokenizer.json").is_file():
-            data = HfArgumentParser(DataArguments).parse_args_into_dataclasses(train_flags)[0]
             train = load_raw_splits(data)["train"]
             texts = [pair[lang] for pair in train["translation"] for lang in ("en", "de")]
             train_shared_tokenizer(texts, vocab_size=vocab_size, model_max_length=max_length).save_pretrained(
@@ -152,21 +152,29 @@ def start_processes(passthrough: list[str]) -> PartialState:
 
 
 def main(argv=None) -> dict | None:
-    recipe, passthrough = recipe_parser().parse_known_args(argv)
+    parser = recipe_parser()
+    recipe, passthrough = parser.parse_known_args(argv)
     if recipe.cost_table:
+        if not recipe.step_times.is_file():
+            parser.error(f"--step_times {recipe.step_times}: no such file (a report of scripts/device_check.sh)")
         print(cost_table(json.loads(recipe.step_times.read_text()), recipe.step_times))
         return None
+    if recipe.scale == "tiny" and recipe.data_dir is not None:
+        parser.error(f"--data_dir {recipe.data_dir} is for --scale paper: --scale tiny reads Multi30k from {MULTI30K} "
+                     "(or the built-in task)")
     start_processes(passthrough)
     paper = PAPER[recipe.model]
     scale = TINY if recipe.scale == "tiny" else {**PAPER_TRAINING, **paper}
     suffix = "_tiny" if recipe.scale == "tiny" else ""
     output_dir = recipe.output_dir or ROOT / "runs" / f"wmt14_en_de_{recipe.model}{suffix}"
-    data = data_flags(recipe, scale, output_dir)
+    data = data_flags(recipe, output_dir)
     tokenizer_dir = recipe.tokenizer_dir or ROOT / "runs" / f"wmt14_en_de{suffix}_bpe{scale['vocab_size']}"
-    shared_vocabulary(tokenizer_dir, data, scale["vocab_size"], scale["max_length"])
-    arguments = [*training_flags(recipe, paper, scale, output_dir, tokenizer_dir), *data, *passthrough]
-    parser = HfArgumentParser((ModelArguments, DataArguments, RecipeArguments, TranslationTrainingArguments))
-    results = run(*parser.parse_args_into_dataclasses(arguments))
+    parsed = parse_training_args([*training_flags(recipe, paper, scale, output_dir, tokenizer_dir), *data, *passthrough])
+    check_run_can_start(parsed[2], parsed[3])  # before the vocabulary or the data halves are written
+    if recipe.scale == "tiny" and "--dataset" not in data:
+        write_val_halves(output_dir)
+    shared_vocabulary(tokenizer_dir, parsed[1], scale["vocab_size"], scale["max_length"])
+    results = run(*parsed)
     if PartialState().is_main_process:
         test = results.get("test", {})
         print(json.dumps({"model": recipe.model, "scale": recipe.scale, "output_dir": str(output_dir),
