@@ -5,7 +5,7 @@ from setuptools import find_packages, setup
 TRAIN = ["datasets>=3.0", "accelerate>=1.0", "evaluate>=0.4", "sacrebleu>=2.4", "sacremoses>=0.1", "tokenizers>=0.23",
          "matplotlib>=3.7", "tensorboard>=2.14", "tqdm>=4.60",
          "jinja2>=3.1"]
-CTRANSLATE2 = ["ctranslate2>=4.8"]  # the export to CTranslate2 (vanilla_transformer.export)
+CTRANSLATE2 = ["ctranslate2>=4.8"]  # the export to CTranslate2 (vanilla_transformer.tools.export)
 
 setup(
     name="vanilla-transformer",

@@ -6,7 +6,7 @@
 
 import argparse
 
-from vanilla_transformer.checkpoints import average_checkpoints, last_checkpoints
+from vanilla_transformer.training.checkpoints import average_checkpoints, last_checkpoints
 
 
 def main(argv=None):

@@ -7,8 +7,8 @@ outputs; the Marian tokenizer files are copied along.
 import argparse
 from pathlib import Path
 
-from vanilla_transformer.checkpoints import check_output_dir
-from vanilla_transformer.conversion import convert_marian
+from vanilla_transformer.tools.folders import check_output_dir
+from vanilla_transformer.tools.conversion import convert_marian
 
 
 def main(argv=None):

@@ -18,8 +18,8 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 from transformers import AutoModelForSeq2SeqLM, AutoTokenizer  # noqa: E402
 
 from vanilla_transformer.training import load_raw_splits, parse_training_args, run  # noqa: E402
-from vanilla_transformer.plots import plot_cross_attention  # noqa: E402
-from vanilla_transformer.translation import cross_attention, translate  # noqa: E402
+from vanilla_transformer.tools.plots import plot_cross_attention  # noqa: E402
+from vanilla_transformer.tools.translation import cross_attention, translate  # noqa: E402
 
 # Sized to finish in under 10 minutes on 2 CPU cores (see README for the measured time and BLEU).
 DEMO_ARGS = [

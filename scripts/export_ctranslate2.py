@@ -11,7 +11,7 @@ from pathlib import Path
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
-from vanilla_transformer.export import export_ctranslate2  # noqa: E402
+from vanilla_transformer.tools.export import export_ctranslate2  # noqa: E402
 
 
 def main(argv=None):

@@ -8,7 +8,7 @@ The model folder is only read: its top-level files are copied to a staging folde
 pipeline (if it was saved without it) and the model card, and is checked for completeness before anything is
 uploaded. --dry_run keeps the staging folder (default <model_dir>-hub-dry-run) instead of uploading.
 
---card_results is a JSON file with the scores, as `vanilla_transformer.metrics.corpus_scores` returns them
+--card_results is a JSON file with the scores, as `vanilla_transformer.training.metrics.corpus_scores` returns them
 (bleu, bleu_signature, chrf, chrf_signature; optionally dataset_split, dataset_config, dataset_type, decoding),
 and optionally the card's other fields (languages, license, datasets, dataset_name, training_summary,
 base_model), which the flags below override. The card is rendered when results or card flags are given, or
@@ -23,7 +23,7 @@ import sys
 import tempfile
 from pathlib import Path
 
-from vanilla_transformer.hub import UPLOAD_ERRORS, resolve_token, stage_for_hub, upload_to_hub
+from vanilla_transformer.tools.hub import UPLOAD_ERRORS, resolve_token, stage_for_hub, upload_to_hub
 
 CARD_FIELDS = ("languages", "license", "datasets", "dataset_name", "training_summary", "base_model")
 

@@ -16,8 +16,8 @@ import torch
 from transformers import AutoModelForSeq2SeqLM, AutoTokenizer
 
 import vanilla_transformer  # noqa: F401  registers the model with the Auto classes
-from vanilla_transformer.export import translate_ctranslate2
-from vanilla_transformer.translation import cross_attention, translate
+from vanilla_transformer.tools.export import translate_ctranslate2
+from vanilla_transformer.tools.translation import cross_attention, translate
 
 
 def main(argv=None):
@@ -65,7 +65,7 @@ def main(argv=None):
             raise
         parser.exit(1, f"{parser.prog}: error: --input line {indices[int(too_long[1])] + 1}{too_long[2]}\n")
     if args.attention_map and indices:
-        from vanilla_transformer.plots import plot_cross_attention
+        from vanilla_transformer.tools.plots import plot_cross_attention
 
         plot_cross_attention(cross_attention(model, tokenizer, lines[indices[0]], **generate_kwargs), args.attention_map)
     output = [""] * len(lines)

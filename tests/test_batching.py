@@ -13,7 +13,7 @@ from transformers import DataCollatorForSeq2Seq
 from conftest import VOCAB, tiny_model, tiny_tokenizer
 from vanilla_transformer import batching
 from batching_throughput import padding_stats
-from vanilla_transformer.batching import TokenBucketBatchSampler, TranslationDataCollator, batch_cost
+from vanilla_transformer.data.batching import TokenBucketBatchSampler, TranslationDataCollator, batch_cost
 from vanilla_transformer.training import PaperTrainer, TranslationTrainingArguments
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -134,7 +134,7 @@ def test_train_script_runs_with_a_token_budget(tmp_path, monkeypatch):
         (tmp_path / f"{split}.en").write_text("\n".join(lines) + "\n")
         (tmp_path / f"{split}.de").write_text("\n".join(reversed(lines)) + "\n")
     seen = []
-    monkeypatch.setattr("vanilla_transformer.training.token_batch_train_dataloader",
+    monkeypatch.setattr("vanilla_transformer.training.trainer.token_batch_train_dataloader",
                         lambda trainer, budget: seen.append(budget) or batching.token_batch_train_dataloader(
                             trainer, budget))
     main = runpy.run_path(str(ROOT / "scripts" / "train.py"), run_name="cli")["main"]

@@ -283,7 +283,7 @@ def test_the_marian_baseline_computes_our_network_and_trains_on_our_objective():
 
     from conftest import random_batch, tiny_model
     from quality_parity import copy_our_weights_into_marian, label_smoothed_loss_func
-    from vanilla_transformer.conversion import marian_config_like
+    from vanilla_transformer.tools.conversion import marian_config_like
 
     ours = tiny_model(label_smoothing=0.1)
     marian = MarianMTModel(marian_config_like(ours.config)).eval()
@@ -303,8 +303,8 @@ def test_the_marian_baseline_computes_our_network_and_trains_on_our_objective():
 def test_the_package_imports_no_peer_model_profiler_benchmark_or_private_name():
     import ast
 
-    code = ("import sys, vanilla_transformer, vanilla_transformer.training, vanilla_transformer.hub, "
-            "vanilla_transformer.batching, vanilla_transformer.checkpoints; "
+    code = ("import sys, vanilla_transformer, vanilla_transformer.training, vanilla_transformer.tools.hub, "
+            "vanilla_transformer.data, vanilla_transformer.tools.export; "
             "print(','.join(sorted(sys.modules)))")
     loaded = set(subprocess.run([sys.executable, "-c", code], check=True, capture_output=True, text=True,
                                 cwd=Path(__file__).resolve().parents[1]).stdout.strip().split(","))
@@ -312,7 +312,7 @@ def test_the_package_imports_no_peer_model_profiler_benchmark_or_private_name():
     assert not loaded & {"peers", "toolkit", "quality_parity", "batching_throughput"}
     # torch itself loads cProfile (torch._dynamo), so the package's own imports are read instead.
     package = Path(__file__).resolve().parents[1] / "vanilla_transformer"
-    for path in package.glob("*.py"):
+    for path in package.rglob("*.py"):
         for node in ast.walk(ast.parse(path.read_text())):
             if isinstance(node, (ast.Import, ast.ImportFrom)):
                 module = node.module if isinstance(node, ast.ImportFrom) else None

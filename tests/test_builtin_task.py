@@ -6,7 +6,7 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 import pytest
 
-from vanilla_transformer.builtin_task import (
+from vanilla_transformer.data.builtin_task import (
     NP,
     NUM_DISTINCT,
     TEMPLATE_SIZES,

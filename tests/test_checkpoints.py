@@ -1,4 +1,4 @@
-"""Checkpoint averaging (§6.1): the promises of vanilla_transformer.checkpoints and its command-line tool."""
+"""Checkpoint averaging (§6.1): the promises of vanilla_transformer.training.checkpoints and its command-line tool."""
 
 import os
 import runpy
@@ -12,7 +12,7 @@ from safetensors import safe_open
 from transformers import AutoModelForSeq2SeqLM
 
 from conftest import random_batch, tiny_model, tiny_tokenizer
-from vanilla_transformer.checkpoints import average_checkpoints, last_checkpoints
+from vanilla_transformer.training.checkpoints import average_checkpoints, last_checkpoints
 
 ROOT = Path(__file__).resolve().parents[1]
 CLI_ENV = {**os.environ, "HF_HUB_OFFLINE": "1", "OMP_NUM_THREADS": "1"}

@@ -11,8 +11,9 @@ from transformers import AutoModelForSeq2SeqLM, MarianConfig, MarianMTModel
 from transformers.models.marian.modeling_marian import MarianSinusoidalPositionalEmbedding
 
 from conftest import VOCAB, run_without_the_package, tiny_tokenizer
-from vanilla_transformer import VanillaTransformerForConditionalGeneration, conversion
-from vanilla_transformer.conversion import convert_marian, residual_permutation
+from vanilla_transformer import VanillaTransformerForConditionalGeneration
+from vanilla_transformer.tools import conversion
+from vanilla_transformer.tools.conversion import convert_marian, residual_permutation
 from vanilla_transformer.modeling_vanilla_transformer import SinusoidalPositionalEncoding
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -212,8 +213,8 @@ def snapshot(folder: Path) -> dict[str, bytes]:
 
 
 def test_a_wrong_conversion_is_refused_by_its_own_verification_before_anything_is_written(tmp_path, monkeypatch):
-    import vanilla_transformer.conversion as conversion
-    from vanilla_transformer.verification import VerificationError
+    import vanilla_transformer.tools.conversion as conversion
+    from vanilla_transformer.tools.verification import VerificationError
 
     marian = tiny_marian()
     # A converter bug: the residual stream left in Marian's [sin | cos] order.
@@ -227,7 +228,7 @@ def test_a_wrong_conversion_is_refused_by_its_own_verification_before_anything_i
 
 
 def test_the_verification_passes_a_correct_conversion_and_reports_its_largest_difference():
-    from vanilla_transformer.conversion import verify_against_marian
+    from vanilla_transformer.tools.conversion import verify_against_marian
 
     marian = tiny_marian()
     assert 0 < verify_against_marian(marian, convert_marian(marian, verify=False)) <= ATOL_FLOAT32

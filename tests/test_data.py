@@ -11,7 +11,7 @@ import random
 import pytest
 from datasets import Dataset, DatasetDict, IterableDataset, load_from_disk
 
-from vanilla_transformer.data import (
+from vanilla_transformer.data.corpora import (
     LengthFilterReport,
     load_dataset_by_name,
     load_parallel_data,
@@ -19,7 +19,7 @@ from vanilla_transformer.data import (
     load_translation_file,
     tokenize_parallel,
 )
-from vanilla_transformer.tokenization import train_shared_tokenizer
+from vanilla_transformer.data.tokenization import train_shared_tokenizer
 
 EN_WORDS = "the a small house green tree dog runs quickly we see garden street over old new city".split()
 DE_WORDS = "das ein Haus grüner Baum Hund läuft schnell wir sehen Garten Straße über alte Bäume Größe".split()
@@ -192,7 +192,7 @@ def test_dataset_without_translation_column(tmp_path):
         load_dataset_by_name(tmp_path / "enfr", "en", "de")
     streamed = IterableDataset.from_generator(lambda: iter([{"translation": {"en": "a", "fr": "b"}}]))
     streamed._info.features = None  # the schema of a streamed dataset is only known once it is read
-    from vanilla_transformer.data import _check_translation_column
+    from vanilla_transformer.data.corpora import _check_translation_column
 
     with pytest.raises(ValueError, match=r"no \['de'\] key"):
         _check_translation_column(streamed, "stream", "en", "de")
@@ -217,7 +217,7 @@ def test_tokenize_parallel_filters_by_length(word_tokenizer, caplog):
     dataset = Dataset.from_dict(
         {"translation": [{"en": repeated("haus", i), "de": repeated("maus", 11 - i)} for i in range(1, 11)]}
     )
-    with caplog.at_level(logging.INFO, logger="vanilla_transformer.data"):
+    with caplog.at_level(logging.INFO, logger="vanilla_transformer.data.corpora"):
         filtered, report = tokenize_parallel(
             dataset, word_tokenizer, "en", "de", max_source_length=6, max_target_length=8
         )
@@ -236,7 +236,7 @@ def test_tokenize_parallel_filters_by_length(word_tokenizer, caplog):
     assert [len(labels) for labels in filtered["labels"]] == [8, 7]
     assert filtered[0]["labels"] == word_tokenizer(repeated("maus", 7)).input_ids
     assert all(ids[-1] == word_tokenizer.eos_token_id for ids in filtered["input_ids"])
-    lines = [record.getMessage() for record in caplog.records if record.name == "vanilla_transformer.data"]
+    lines = [record.getMessage() for record in caplog.records if record.name == "vanilla_transformer.data.corpora"]
     assert len(lines) == 1 and "kept 2 of 10" in lines[0] and "dropped 8" in lines[0]
 
 

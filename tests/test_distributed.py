@@ -28,7 +28,7 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from vanilla_transformer.schedule import NoamLambda
+from vanilla_transformer.training.schedule import NoamLambda
 
 REPO = Path(__file__).resolve().parents[1]
 HELPERS = REPO / "tests" / "distributed_helpers"

@@ -9,10 +9,10 @@ import pytest
 import torch
 
 from conftest import tiny_model, tiny_tokenizer
-from vanilla_transformer.translation import translate
+from vanilla_transformer.tools.translation import translate
 
 ctranslate2 = pytest.importorskip("ctranslate2", reason="the CTranslate2 export is an optional extra")
-from vanilla_transformer.export import EXPORT_INFO, export_ctranslate2, translate_ctranslate2  # noqa: E402
+from vanilla_transformer.tools.export import EXPORT_INFO, export_ctranslate2, translate_ctranslate2  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 # One batch, sentences of different lengths (the engine and generate() both pad them).
@@ -126,8 +126,8 @@ def snapshot(folder: Path) -> dict[str, bytes]:
 @pytest.mark.parametrize("quantization", [None, "int8"])
 def test_a_wrong_export_is_refused_by_its_own_verification_before_the_folder_appears(tmp_path, monkeypatch,
                                                                                     quantization):
-    import vanilla_transformer.export as export
-    from vanilla_transformer.verification import VerificationError
+    import vanilla_transformer.tools.export as export
+    from vanilla_transformer.tools.verification import VerificationError
 
     correct = export.transformer_spec
 
@@ -146,7 +146,7 @@ def test_a_wrong_export_is_refused_by_its_own_verification_before_the_folder_app
 
 
 def test_the_verification_passes_a_correct_export_of_either_layer_norm_placement(tmp_path, normalize_before):
-    from vanilla_transformer.export import verify_ctranslate2
+    from vanilla_transformer.tools.export import verify_ctranslate2
 
     model, tokenizer = informative_model(normalize_before), tiny_tokenizer()
     folder = export_ctranslate2(model, tmp_path / "ct2", tokenizer=tokenizer)

@@ -15,8 +15,14 @@ from huggingface_hub.errors import HfHubHTTPError
 from test_pipeline import SOURCES, toy_translator
 
 from conftest import run_without_the_package
-from vanilla_transformer.hub import check_hub_folder, missing_hub_files, resolve_token, save_for_hub, stage_for_hub
-from vanilla_transformer.metrics import bleu_signature
+from vanilla_transformer.tools.hub import (
+    check_hub_folder,
+    missing_hub_files,
+    resolve_token,
+    save_for_hub,
+    stage_for_hub,
+)
+from vanilla_transformer.training.metrics import bleu_signature
 from vanilla_transformer.pipeline_vanilla_transformer import translation_pipeline
 
 REPO_ROOT = Path(__file__).resolve().parents[1]

@@ -8,7 +8,7 @@ import pytest
 from tokenizers import Tokenizer, models, pre_tokenizers
 from transformers import EvalPrediction, PreTrainedTokenizerFast
 
-from vanilla_transformer.metrics import (
+from vanilla_transformer.training.metrics import (
     bleu_signature,
     build_compute_metrics,
     chrf_signature,

@@ -5,9 +5,9 @@ from huggingface_hub import ModelCard, metadata_load
 from huggingface_hub.repocard_data import model_index_to_eval_results
 from test_pipeline import toy_translator
 
-from vanilla_transformer.hub import save_for_hub
-from vanilla_transformer.metrics import bleu_signature, chrf_signature
-from vanilla_transformer.model_card import (
+from vanilla_transformer.tools.hub import save_for_hub
+from vanilla_transformer.training.metrics import bleu_signature, chrf_signature
+from vanilla_transformer.tools.model_card import (
     TEMPLATE_PATH,
     check_model_card_metadata,
     count_parameters,

@@ -12,7 +12,7 @@ from transformers.dynamic_module_utils import check_imports
 
 import vanilla_transformer.pipeline_vanilla_transformer as pipeline_module
 from vanilla_transformer.pipeline_vanilla_transformer import VanillaTranslationPipeline, translation_pipeline
-from vanilla_transformer.tokenization import train_shared_tokenizer
+from vanilla_transformer.data.tokenization import train_shared_tokenizer
 
 WORDS = "the a one two cat dog bird sees chases likes big small red green house tree river car".split()
 SOURCES = ["the cat sees a dog", "two red birds", "a small green house by the river", "dog"]

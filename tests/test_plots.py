@@ -3,8 +3,8 @@
 import torch
 
 from conftest import tiny_model, tiny_tokenizer
-from vanilla_transformer.plots import plot_cross_attention
-from vanilla_transformer.translation import cross_attention
+from vanilla_transformer.tools.plots import plot_cross_attention
+from vanilla_transformer.tools.translation import cross_attention
 
 
 def test_the_attention_map_is_the_models_own_cross_attention_with_tokens_on_its_axes(tmp_path):

@@ -1,13 +1,12 @@
-import math
 import os
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 import pytest
 import torch
-from transformers import Trainer, TrainerCallback, TrainingArguments, get_scheduler
+from transformers import Trainer, TrainerCallback, TrainingArguments
 
-from vanilla_transformer.schedule import NoamLambda, inverse_sqrt_training_args, noam_schedule, paper_adam
+from vanilla_transformer.training.schedule import NoamLambda, noam_schedule, paper_adam
 
 D_MODEL, WARMUP, MAX_STEPS = 16, 4, 10
 
@@ -54,7 +53,6 @@ class StopAt(TrainerCallback):
 def train(out_dir, schedule="noam", resume=None, callbacks=()):
     torch.manual_seed(0)
     model = Regression()
-    extra = inverse_sqrt_training_args(D_MODEL, WARMUP) if schedule == "inverse_sqrt" else {}
     args = TrainingArguments(
         output_dir=str(out_dir),
         max_steps=MAX_STEPS,
@@ -67,7 +65,6 @@ def train(out_dir, schedule="noam", resume=None, callbacks=()):
         disable_tqdm=True,
         remove_unused_columns=False,
         seed=0,
-        **extra,
     )
     optimizers = (None, None)
     if schedule == "noam":
@@ -133,33 +130,3 @@ def test_resumed_run_matches_uninterrupted_run(tmp_path):
     assert {**first_lrs, **resumed_lrs} == full_lrs
     for (name, full), resumed in zip(full_model.state_dict().items(), resumed_model.state_dict().values()):
         torch.testing.assert_close(resumed, full, rtol=0, atol=1e-7, msg=name)
-
-
-def test_inverse_sqrt_args_values():
-    args = inverse_sqrt_training_args(512, 4000)
-    assert args == {"lr_scheduler_type": "inverse_sqrt", "warmup_steps": 4000, "learning_rate": 6.987712429686843e-04,
-                    "adam_beta1": 0.9, "adam_beta2": 0.98, "adam_epsilon": 1e-9, "weight_decay": 0.0}
-    with pytest.raises(ValueError):
-        inverse_sqrt_training_args(512, 0.5)  # Trainer would read 0.5 as a warmup *ratio*
-
-
-def test_builtin_inverse_sqrt_is_noam_one_update_late():
-    args = inverse_sqrt_training_args(512, 40)
-    scheduler = get_scheduler(
-        args["lr_scheduler_type"],
-        torch.optim.SGD([torch.nn.Parameter(torch.zeros(1))], lr=args["learning_rate"]),
-        num_warmup_steps=args["warmup_steps"],
-    )
-    noam = NoamLambda(512, 40)
-    builtin = [args["learning_rate"] * scheduler.lr_lambdas[0](c) for c in range(400)]
-    assert builtin[0] == 0.0
-    for c in range(1, 400):
-        assert math.isclose(builtin[c], noam(c - 1), rel_tol=1e-12), c
-
-
-def test_trainer_with_builtin_inverse_sqrt_lags_noam_by_one_update(tmp_path):
-    builtin_lrs, _ = train(tmp_path, schedule="inverse_sqrt")
-    assert builtin_lrs[1] == 0.0
-    assert {k: builtin_lrs[k + 1] for k in range(1, MAX_STEPS)} == pytest.approx(
-        {k: paper_lr(k) for k in range(1, MAX_STEPS)}, rel=1e-12
-    )

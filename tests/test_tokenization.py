@@ -9,7 +9,7 @@ import random
 import pytest
 from transformers import AutoTokenizer
 
-from vanilla_transformer.tokenization import train_shared_tokenizer
+from vanilla_transformer.data.tokenization import train_shared_tokenizer
 
 EN_WORDS = "the a small house green tree dog runs quickly we see garden street over old new city night".split()
 DE_WORDS = "das ein Haus grüner Baum Hund läuft schnell wir sehen Straße über Bäume Größe Übung schön".split()

@@ -10,7 +10,7 @@ import torch
 from transformers import AutoModelForSeq2SeqLM, AutoTokenizer
 
 from vanilla_transformer.training import load_raw_splits, parse_training_args, run
-from vanilla_transformer.translation import translate
+from vanilla_transformer.tools.translation import translate
 
 ROOT = Path(__file__).resolve().parents[1]
 TINY_RUN = ["--preset", "tiny", "--vocab_size", "300", "--max_train_samples", "400", "--max_eval_samples", "12",
@@ -81,7 +81,7 @@ def test_bad_config_overrides_are_named(tmp_path):
 
 
 def test_config_overrides_read_json_and_pythons_constants():
-    from vanilla_transformer.training import _parse_overrides
+    from vanilla_transformer.training.run import _parse_overrides
 
     assert _parse_overrides("dropout=0.3,scale_embedding=False,normalize_before=true,activation_function=gelu") == {
         "dropout": 0.3, "scale_embedding": False, "normalize_before": True, "activation_function": "gelu"}
@@ -110,7 +110,7 @@ def test_the_demo_runs_end_to_end_in_short_form(tmp_path, monkeypatch, capsys):
 def test_resume_true_picks_the_newest_complete_checkpoint(tmp_path):
     from conftest import tiny_model
 
-    from vanilla_transformer.training import resolve_checkpoint
+    from vanilla_transformer.training.checkpoints import resolve_checkpoint
 
     tiny_model().save_pretrained(tmp_path / "weights")
     weights = (tmp_path / "weights" / "model.safetensors").read_bytes()
@@ -137,7 +137,7 @@ def test_resume_true_picks_the_newest_complete_checkpoint(tmp_path):
 
 
 def test_training_into_a_finished_run_is_refused_unless_asked(tmp_path):
-    from vanilla_transformer.training import check_output_dir_is_free
+    from vanilla_transformer.training.run import check_output_dir_is_free
 
     output = tmp_path / "run"
     output.mkdir()
@@ -173,7 +173,7 @@ def test_pad_to_multiple_of_must_be_positive_and_the_optimizer_is_fused_adamw(tm
 
 
 def test_a_tokenizer_larger_than_the_models_vocabulary_is_refused_before_training(tmp_path):
-    from vanilla_transformer.tokenization import train_shared_tokenizer
+    from vanilla_transformer.data.tokenization import train_shared_tokenizer
 
     from conftest import VOCAB, tiny_model
 

@@ -16,11 +16,11 @@ import torch
 from toolkit import load_multi30k, multi30k_missing, shared_tokenizer_for, write_report
 from transformers import DataCollatorForSeq2Seq, set_seed
 
-from vanilla_transformer.batching import TokenBucketBatchSampler, example_lengths
+from vanilla_transformer.data.batching import TokenBucketBatchSampler, example_lengths
 from vanilla_transformer.configuration_vanilla_transformer import VanillaTransformerConfig
-from vanilla_transformer.data import tokenize_parallel
+from vanilla_transformer.data.corpora import tokenize_parallel
 from vanilla_transformer.modeling_vanilla_transformer import VanillaTransformerForConditionalGeneration
-from vanilla_transformer.schedule import paper_adam
+from vanilla_transformer.training.schedule import paper_adam
 
 
 def padding_stats(batches: Sequence[Sequence[int]], source_lengths, target_lengths) -> dict[str, float]:

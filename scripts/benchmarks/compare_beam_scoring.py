@@ -14,7 +14,7 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 from transformers import AutoModelForSeq2SeqLM, AutoTokenizer  # noqa: E402
 
-from vanilla_transformer.data import load_parallel_text_files  # noqa: E402
+from vanilla_transformer.data.corpora import load_parallel_text_files  # noqa: E402
 from vanilla_transformer.training import DataArguments, evaluate_bleu, load_raw_splits  # noqa: E402
 
 

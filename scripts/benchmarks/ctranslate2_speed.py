@@ -26,10 +26,10 @@ from quality_parity import copy_our_weights_into_marian  # noqa: E402
 from toolkit import environment, load_multi30k, multi30k_missing, time_interleaved, write_report  # noqa: E402
 from transformers import AutoModelForSeq2SeqLM, AutoTokenizer, GenerationConfig, MarianMTModel  # noqa: E402
 
-from vanilla_transformer.conversion import marian_config_like  # noqa: E402
-from vanilla_transformer.export import export_ctranslate2, translate_ctranslate2  # noqa: E402
-from vanilla_transformer.metrics import corpus_scores  # noqa: E402
-from vanilla_transformer.translation import translate  # noqa: E402
+from vanilla_transformer.tools.conversion import marian_config_like  # noqa: E402
+from vanilla_transformer.tools.export import export_ctranslate2, translate_ctranslate2  # noqa: E402
+from vanilla_transformer.training.metrics import corpus_scores  # noqa: E402
+from vanilla_transformer.tools.translation import translate  # noqa: E402
 
 SENTENCES, NEW_TOKENS, BEAMS = 16, 30, 4
 

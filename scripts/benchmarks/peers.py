@@ -50,7 +50,7 @@ from transformers import GenerationConfig, MarianMTModel
 from transformers.cache_utils import EncoderDecoderCache
 
 from vanilla_transformer.configuration_vanilla_transformer import PRESETS, VanillaTransformerConfig
-from vanilla_transformer.conversion import marian_config_like
+from vanilla_transformer.tools.conversion import marian_config_like
 from vanilla_transformer.modeling_vanilla_transformer import VanillaTransformerForConditionalGeneration
 
 # A vocabulary per preset: a small BPE for the CPU presets, the paper's shared 37k BPE (§5.1) for Table 3's.

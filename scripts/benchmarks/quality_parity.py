@@ -56,16 +56,20 @@ from transformers import (  # noqa: E402
 )
 
 from vanilla_transformer.configuration_vanilla_transformer import VanillaTransformerConfig  # noqa: E402
-from vanilla_transformer.conversion import marian_config_like, state_dict_from_marian, state_dict_to_marian  # noqa: E402
-from vanilla_transformer.data import tokenize_parallel  # noqa: E402
-from vanilla_transformer.metrics import corpus_scores  # noqa: E402
+from vanilla_transformer.tools.conversion import (  # noqa: E402
+    marian_config_like,
+    state_dict_from_marian,
+    state_dict_to_marian,
+)
+from vanilla_transformer.data.corpora import tokenize_parallel  # noqa: E402
+from vanilla_transformer.training.metrics import corpus_scores  # noqa: E402
 from vanilla_transformer.modeling_vanilla_transformer import (  # noqa: E402
     VanillaTransformerForConditionalGeneration,
     label_smoothed_cross_entropy,
 )
-from vanilla_transformer.schedule import NoamLambda  # noqa: E402
+from vanilla_transformer.training.schedule import NoamLambda  # noqa: E402
 from vanilla_transformer.training import PaperTrainer, TranslationTrainingArguments  # noqa: E402
-from vanilla_transformer.translation import translate  # noqa: E402
+from vanilla_transformer.tools.translation import translate  # noqa: E402
 
 MODELS = ("ours", "marian")
 INITS = ("own", "ours", "marian")

@@ -116,7 +116,7 @@ def multi30k_missing(data_dir) -> str | None:
 def load_multi30k(data_dir, source_lang: str = "en", target_lang: str = "de"):
     from datasets import DatasetDict
 
-    from vanilla_transformer.data import load_parallel_text_files
+    from vanilla_transformer.data.corpora import load_parallel_text_files
 
     reason = multi30k_missing(data_dir)
     if reason:
@@ -131,7 +131,7 @@ def load_multi30k(data_dir, source_lang: str = "en", target_lang: str = "de"):
 
 def shared_tokenizer_for(raw, vocab_size: int, max_length: int = 128):
     """The shared BPE of `scripts/train.py`, trained on both sides of the training split."""
-    from vanilla_transformer.tokenization import train_shared_tokenizer
+    from vanilla_transformer.data.tokenization import train_shared_tokenizer
 
     texts = [pair[lang] for pair in raw["train"]["translation"] for lang in pair]
     return train_shared_tokenizer(texts, vocab_size=vocab_size, model_max_length=max_length, show_progress=False)

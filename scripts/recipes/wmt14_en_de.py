@@ -35,7 +35,7 @@ from datetime import timedelta
 from pathlib import Path
 
 from accelerate import PartialState
-from vanilla_transformer.tokenization import train_shared_tokenizer
+from vanilla_transformer.data.tokenization import train_shared_tokenizer
 from vanilla_transformer.training import check_run_can_start, load_raw_splits, parse_training_args, run
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -9,6 +9,7 @@ one; `stage_for_hub` copies a folder into a staging folder, completes and checks
 
 from __future__ import annotations
 
+import fnmatch
 import json
 import os
 import shutil
@@ -19,14 +20,14 @@ from huggingface_hub import HfApi, ModelCard
 from huggingface_hub.errors import HfHubHTTPError
 from transformers.dynamic_module_utils import get_relative_imports
 
+from .folders import INDEX_FILE, SINGLE_FILE, TOKENIZER_FILES, weight_files
 from .model_card import render_model_card
-from .pipeline_vanilla_transformer import TASK, VanillaTranslationPipeline, translation_pipeline
+from ..pipeline_vanilla_transformer import TASK, VanillaTranslationPipeline, translation_pipeline
 
-PIPELINE_FILE = Path(__file__).with_name("pipeline_vanilla_transformer.py")
+PIPELINE_FILE = Path(__file__).parent.parent / "pipeline_vanilla_transformer.py"
 CUSTOM_PIPELINES = {TASK: {"impl": f"{PIPELINE_FILE.stem}.{VanillaTranslationPipeline.__name__}",
                            "pt": ["AutoModelForSeq2SeqLM"]}}
 REQUIRED_AUTO_CLASSES = ("AutoConfig", "AutoModelForSeq2SeqLM")
-TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json")
 # Trainer output next to the weights: never part of a model repo.
 TRAINING_STATE = {"optimizer.pt", "scheduler.pt", "scaler.pt", "trainer_state.json", "training_args.bin"}
 # What a failed upload raises: HTTP errors, OSError (offline mode, files) and the HTTP client's transport
@@ -75,15 +76,18 @@ def missing_hub_files(folder: str | os.PathLike) -> list[str]:
     else:
         missing.append("config.json")
 
-    index = folder / "model.safetensors.index.json"
-    if index.is_file():
-        shards = sorted(set(json.loads(index.read_text(encoding="utf-8"))["weight_map"].values()))
-        missing += [shard for shard in shards if not (folder / shard).is_file()]
-    elif not (folder / "model.safetensors").is_file():
-        missing.append("model.safetensors (or model.safetensors.index.json with its shards)")
+    if (folder / INDEX_FILE).is_file():
+        missing += [shard for shard in weight_files(folder) if not (folder / shard).is_file()]
+    elif not (folder / SINGLE_FILE).is_file():
+        missing.append(f"{SINGLE_FILE} (or {INDEX_FILE} with its shards)")
     if not (folder / "generation_config.json").is_file():
         missing.append("generation_config.json")
-    missing += [name for name in TOKENIZER_FILES if not (folder / name).is_file()]
+    if not (folder / "tokenizer_config.json").is_file():
+        missing.append("tokenizer_config.json")
+    vocabulary = [path for path in folder.iterdir() if path.name != "tokenizer_config.json"
+                  and any(fnmatch.fnmatch(path.name, pattern) for pattern in TOKENIZER_FILES)]
+    if not vocabulary:
+        missing.append("tokenizer.json (or the tokenizer's other vocabulary files)")
 
     if config:
         auto_map = config.get("auto_map") or {}

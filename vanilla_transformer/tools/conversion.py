@@ -24,9 +24,9 @@ from pathlib import Path
 import torch
 from transformers import MarianConfig, MarianMTModel
 
-from .checkpoints import TOKENIZER_FILES, check_output_dir, copy_side_files, staged_output_dir
-from .configuration_vanilla_transformer import VanillaTransformerConfig
-from .modeling_vanilla_transformer import VanillaTransformerForConditionalGeneration
+from .folders import TOKENIZER_FILES, check_output_dir, copy_side_files, staged_output_dir
+from ..configuration_vanilla_transformer import VanillaTransformerConfig
+from ..modeling_vanilla_transformer import VanillaTransformerForConditionalGeneration
 from .verification import check_close, verification_batch
 
 # Marian-only tensors: the position tables are recomputed by our model.

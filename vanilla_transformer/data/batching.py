@@ -59,7 +59,7 @@ import torch
 from torch.utils.data import DataLoader, Sampler
 from transformers import DataCollatorForSeq2Seq
 
-from .modeling_vanilla_transformer import check_token_ids
+from ..modeling_vanilla_transformer import check_token_ids
 
 logger = logging.getLogger(__name__)
 

@@ -1,7 +1,10 @@
-"""The paper's optimiser and learning-rate schedule (§5.3), in forms `transformers.Trainer` accepts."""
+"""The paper's optimiser and learning-rate schedule (§5.3): `NoamLambda` for Trainer (`PaperTrainer(noam_schedule=)`,
+the default of scripts/train.py), `paper_adam` and `noam_schedule` for a training loop of one's own."""
 
 import torch
 from torch.optim.lr_scheduler import LambdaLR
+
+PAPER_ADAM = {"betas": (0.9, 0.98), "eps": 1e-9}  # §5.3
 
 
 def _check_positive(**values):
@@ -40,36 +43,8 @@ def noam_schedule(optimizer, d_model, warmup_steps=4000, factor=1.0):
     return LambdaLR(optimizer, NoamLambda(d_model, warmup_steps, factor))
 
 
-def paper_adam(model_or_params, betas=(0.9, 0.98), eps=1e-9, weight_decay=0.0):
+def paper_adam(model_or_params, weight_decay=0.0, **overrides):
     """Adam with §5.3's β1=0.9, β2=0.98, ε=1e-9 (AdamW with weight_decay=0 is Adam); lr=1.0 for `noam_schedule`."""
     params = model_or_params.parameters() if isinstance(model_or_params, torch.nn.Module) else model_or_params
-    return torch.optim.AdamW(params, lr=1.0, betas=betas, eps=eps, weight_decay=weight_decay)
+    return torch.optim.AdamW(params, **{"lr": 1.0, **PAPER_ADAM, "weight_decay": weight_decay, **overrides})
 
-
-def inverse_sqrt_training_args(d_model, warmup_steps, factor=1.0):
-    """TrainingArguments fields that make Trainer's built-in "inverse_sqrt" scheduler the Noam curve.
-
-    The built-in lambda (timescale = warmup W) is c/W for c < W and sqrt(W/c) after, so with the peak
-    rate below, built-in lr at scheduler step c == factor * d^-0.5 * min(c^-0.5, c * W^-1.5): the
-    paper's formula, unshifted, including lr = 0 at c = 0. Trainer uses scheduler step k-1 for update k,
-    so exactly (to float rounding):
-
-        built-in lr for update k+1 == NoamLambda(d, W, factor)(k - 1), the lr of update k here;
-        built-in lr for update 1 == 0 (Adam's moments absorb that gradient, the weights do not move).
-
-    The built-in run is therefore one update behind `noam_schedule`. The Adam settings of §5.3 are included,
-    so `TrainingArguments(**inverse_sqrt_training_args(d, W), ...)` is the paper's whole optimiser recipe.
-    """
-    _check_positive(d_model=d_model, warmup_steps=warmup_steps, factor=factor)
-    # Trainer reads warmup_steps < 1 as a fraction of training, so only whole step counts mean W.
-    if warmup_steps < 1 or int(warmup_steps) != warmup_steps:
-        raise ValueError(f"warmup_steps must be a whole number of steps >= 1, got {warmup_steps!r}")
-    return {
-        "lr_scheduler_type": "inverse_sqrt",
-        "warmup_steps": int(warmup_steps),
-        "learning_rate": factor * d_model**-0.5 * warmup_steps**-0.5,
-        "adam_beta1": 0.9,
-        "adam_beta2": 0.98,
-        "adam_epsilon": 1e-9,
-        "weight_decay": 0.0,
-    }

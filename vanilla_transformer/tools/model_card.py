@@ -12,17 +12,16 @@ fields a translation model needs.
 
 from __future__ import annotations
 
-import json
 import os
 import re
-import struct
 from math import prod
 from pathlib import Path
 
 from huggingface_hub import EvalResult, ModelCard, ModelCardData
 from transformers import GenerationConfig
 
-from .configuration_vanilla_transformer import VanillaTransformerConfig
+from ..configuration_vanilla_transformer import VanillaTransformerConfig
+from .folders import parameter_shapes
 
 TEMPLATE_PATH = Path(__file__).with_name("model_card_template.md")
 TAGS = ["vanilla-transformer", "translation", "transformer", "encoder-decoder"]
@@ -35,21 +34,7 @@ def count_parameters(folder: str | os.PathLike) -> int:
 
     Tied weights are stored once, so this equals `model.num_parameters()`.
     """
-    folder = Path(folder)
-    index = folder / "model.safetensors.index.json"
-    if index.is_file():
-        files = sorted(set(json.loads(index.read_text())["weight_map"].values()))
-    elif (folder / "model.safetensors").is_file():
-        files = ["model.safetensors"]
-    else:
-        raise FileNotFoundError(f"{folder} holds no model.safetensors (or model.safetensors.index.json)")
-    total = 0
-    for name in files:
-        with open(folder / name, "rb") as f:
-            (header_size,) = struct.unpack("<Q", f.read(8))
-            header = json.loads(f.read(header_size))
-        total += sum(prod(t["shape"]) for key, t in header.items() if key != "__metadata__")
-    return total
+    return sum(prod(shape) for shape in parameter_shapes(folder).values())
 
 
 def _human(n: int) -> str:
@@ -206,7 +191,7 @@ def render_model_card(folder: str | os.PathLike, *, template_path: str | os.Path
     training_summary="", base_model=None, repo_id=None, example.
 
     eval_results: `{"bleu": float, "bleu_signature": str, "chrf": float, "chrf_signature": str}` as
-    `vanilla_transformer.metrics.corpus_scores` returns, optionally with `dataset_split`, `dataset_config`,
+    `vanilla_transformer.training.metrics.corpus_scores` returns, optionally with `dataset_split`, `dataset_config`,
     `dataset_type` (a Hub dataset id; default the first of `datasets`) and `decoding` (free text).
     None renders a card without scores and without `model-index`. `languages` is `[source, target]`
     for a pair. `repo_id` names the model in the card's code (default: the folder).

@@ -6,27 +6,26 @@ Averaging streams tensor by tensor: every input is opened with `safetensors.safe
 read yet), and each output tensor is the float64 mean of that one tensor across the inputs. Output shards are
 written one at a time, so memory holds about one output shard plus one float64 tensor, however many
 checkpoints are averaged. Only safetensors are read: a pickle (`pytorch_model.bin`) can run code when loaded.
+
+Resuming a run (`resolve_checkpoint`) skips, with a warning, a newest checkpoint whose save was interrupted.
 """
 
-import fnmatch
 import json
+import logging
 import os
 import re
 import shutil
-from contextlib import ExitStack, contextmanager
+from contextlib import ExitStack
 from pathlib import Path
 
 import torch
 from safetensors import safe_open
 from safetensors.torch import save_file
 
-SINGLE_FILE = "model.safetensors"
-INDEX_FILE = "model.safetensors.index.json"
-# Everything a loadable model folder needs besides its weights. Trainer state (optimizer.pt, scheduler.pt,
-# rng_state.pth, trainer_state.json, training_args.bin) belongs to one step and is deliberately left behind.
-TOKENIZER_FILES = ("tokenizer*.json", "special_tokens_map.json", "added_tokens.json", "vocab.*", "target_vocab.*",
-                   "merges.txt", "*.model", "*.spm", "chat_template.*")
-SIDE_FILES = ("config.json", "generation_config.json", "*.py", *TOKENIZER_FILES)
+from ..tools.folders import INDEX_FILE, check_output_dir, check_weights, copy_side_files, staged_output_dir, weight_files
+
+logger = logging.getLogger(__name__)
+
 # Fields that change the computed function without changing any tensor's name or shape.
 _STRUCTURE_KEYS = ("model_type", "activation_function", "normalize_before", "scale_embedding", "is_encoder_decoder")
 _CHECKPOINT_NAME = re.compile(r"checkpoint-(\d+)")
@@ -51,79 +50,6 @@ def last_checkpoints(run_dir: str | os.PathLike, n: int) -> list[Path]:
         raise ValueError(f"Asked for the last {n} checkpoints, but {run_dir} holds only {len(found)} "
                          f"checkpoint-<step> folders: {[path.name for _, path in found]}.")
     return [path for _, path in found[-n:]]
-
-
-def weight_files(folder: str | os.PathLike) -> dict[str, list[str]]:
-    """{shard file name: [tensor names]} for a folder saved with `save_pretrained` (one file or sharded)."""
-    folder = Path(folder)
-    if not folder.is_dir():
-        raise ValueError(f"{folder} is not a directory.")
-    if (folder / INDEX_FILE).is_file():
-        weight_map = json.loads((folder / INDEX_FILE).read_text(encoding="utf-8"))["weight_map"]
-        shards: dict[str, list[str]] = {}
-        for name, shard in weight_map.items():
-            shards.setdefault(shard, []).append(name)
-        return shards
-    if (folder / SINGLE_FILE).is_file():
-        with safe_open(folder / SINGLE_FILE, framework="pt") as f:
-            return {SINGLE_FILE: list(f.keys())}
-    pickles = sorted(p.name for p in folder.glob("pytorch_model*.bin"))
-    if pickles:
-        raise ValueError(f"{folder} holds only pickled weights ({', '.join(pickles)}); only safetensors are "
-                         "supported, because loading a pickle can run arbitrary code. Re-save the model with "
-                         "save_pretrained(..., safe_serialization=True).")
-    raise ValueError(f"{folder} holds no model weights ({SINGLE_FILE} or {INDEX_FILE}).")
-
-
-def check_weights(folder: str | os.PathLike) -> None:
-    """Raise a ValueError naming the file when one of a folder's safetensors files does not open, as a save
-    that was killed midway leaves it. Reads only the headers, which cover the file's whole length."""
-    folder = Path(folder)
-    if not folder.is_dir():
-        raise ValueError(f"{folder} is not a directory.")
-    for path in sorted(folder.glob("*.safetensors")):
-        try:
-            with safe_open(path, framework="pt"):
-                pass
-        except Exception as error:  # safetensors raises its own error type for every kind of damage
-            raise ValueError(f"{path} does not load ({error}).") from error
-
-
-def check_output_dir(output_dir: str | os.PathLike) -> Path:
-    """Never overwrite what a user saved: the output folder must not exist, or be empty."""
-    output_dir = Path(output_dir)
-    if output_dir.exists() and (not output_dir.is_dir() or any(output_dir.iterdir())):
-        raise ValueError(f"Output directory {output_dir} already exists and is not empty; choose a new one.")
-    return output_dir
-
-
-@contextmanager
-def staged_output_dir(output_dir: str | os.PathLike):
-    """Yield a hidden folder beside `output_dir` to write into; it becomes `output_dir` when the block ends and
-    is removed if the block fails, so an output folder appears whole (checked, verified) or not at all."""
-    output_dir = check_output_dir(output_dir)
-    staging = output_dir.with_name(f".{output_dir.name}.partial-{os.getpid()}")
-    shutil.rmtree(staging, ignore_errors=True)
-    staging.mkdir(parents=True)
-    try:
-        yield staging
-        check_output_dir(output_dir)  # nothing else appeared there meanwhile
-        if output_dir.exists():
-            output_dir.rmdir()
-        staging.rename(output_dir)
-    except BaseException:
-        shutil.rmtree(staging, ignore_errors=True)
-        raise
-
-
-def copy_side_files(source: str | os.PathLike, target: str | os.PathLike, patterns=SIDE_FILES) -> list[str]:
-    """Copy the files matching `patterns` (default: config, generation config, remote code and tokenizer)."""
-    copied = []
-    for path in sorted(Path(source).iterdir()):
-        if path.is_file() and any(fnmatch.fnmatch(path.name, pattern) for pattern in patterns):
-            shutil.copy2(path, Path(target) / path.name)
-            copied.append(path.name)
-    return copied
 
 
 def _read_config(folder: Path) -> dict:
@@ -217,7 +143,49 @@ def _average_tensor(name: str, files: list, folders: list[Path]) -> torch.Tensor
     return (total / len(files)).to(reference.dtype).contiguous()
 
 
-__all__ = ["average_checkpoints", "last_checkpoints", "weight_files", "check_output_dir", "staged_output_dir",
-           "check_weights",
-           "copy_side_files",
-           "SIDE_FILES", "TOKENIZER_FILES"]
+def replace_weights_with_average(folder: Path, n: int) -> list[str]:
+    """Replace the weights saved in `folder` by the average of its last `n` checkpoint-N folders (§6.1); returns
+    their names. The last step's own weights remain in the newest checkpoint."""
+    checkpoints = last_checkpoints(folder, n)
+    staging = folder / ".averaging"
+    shutil.rmtree(staging, ignore_errors=True)
+    average_checkpoints(checkpoints, staging)
+    for name in [*weight_files(folder), INDEX_FILE]:
+        (folder / name).unlink(missing_ok=True)
+    for name in [*weight_files(staging), INDEX_FILE]:
+        if (staging / name).is_file():
+            shutil.move(staging / name, folder / name)
+    shutil.rmtree(staging)
+    return [path.name for path in checkpoints]
+
+
+def resolve_checkpoint(resume: str | bool | None, output_dir: str, world_size: int = 1) -> str | None:
+    """--resume_from_checkpoint PATH, checked; "true"/"last" means the newest *complete* checkpoint-N of
+    output_dir. Trainer writes checkpoints in place, so a run killed mid-save can leave a newer, partial one:
+    without its trainer state, without every rank's RNG state, or with weights that do not load."""
+    if resume is None or resume is False or str(resume).lower() in ("false", "none", ""):
+        return None
+    if str(resume).lower() not in ("true", "last"):
+        try:
+            check_weights(resume)
+        except ValueError as error:
+            raise ValueError(f"--resume_from_checkpoint {resume} cannot be resumed from: {error}") from error
+        return str(resume)
+    candidates = sorted((path for path in Path(output_dir).glob("checkpoint-*") if path.name.split("-")[-1].isdigit()),
+                        key=lambda path: int(path.name.split("-")[-1]), reverse=True)
+    for path in candidates:
+        if not (path / "trainer_state.json").is_file():
+            logger.warning("Skipping %s: no trainer_state.json (written last, so the save was interrupted).", path)
+        elif world_size > 1 and len(list(path.glob("rng_state_*.pth"))) < world_size:
+            logger.warning("Skipping %s: it holds the RNG states of fewer than %d ranks.", path, world_size)
+        else:
+            try:
+                check_weights(path)
+            except ValueError as error:
+                logger.warning("Skipping %s: %s", path, error)
+                continue
+            return str(path)
+    raise ValueError(f"--resume_from_checkpoint {resume}: no complete checkpoint-N folder in {output_dir}.")
+
+
+__all__ = ["average_checkpoints", "last_checkpoints", "replace_weights_with_average", "resolve_checkpoint"]

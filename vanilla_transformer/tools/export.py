@@ -22,8 +22,8 @@ from pathlib import Path
 
 import torch
 
-from .checkpoints import check_output_dir, staged_output_dir
-from .modeling_vanilla_transformer import SinusoidalPositionalEncoding
+from .folders import check_output_dir, staged_output_dir
+from ..modeling_vanilla_transformer import SinusoidalPositionalEncoding
 from .verification import VerificationError, check_close, verification_batch
 
 EXPORT_INFO = "vanilla_transformer_export.json"
@@ -208,7 +208,7 @@ def _write_export_files(model, tokenizer, output_dir: Path, name: str, quantizat
     gnmt = info["length_penalty_type_in_the_model"] == "gnmt"
     (output_dir / "README.md").write_text(f"""# CTranslate2 export of a vanilla_transformer model
 
-Weights: {info['quantization']}. Translate with `vanilla_transformer.export.translate_ctranslate2` or
+Weights: {info['quantization']}. Translate with `vanilla_transformer.tools.export.translate_ctranslate2` or
 `scripts/translate.py --engine ctranslate2 --model {name}` (the tokenizer is in this folder).
 
 - Inputs and outputs are limited to {max_positions} positions (the sinusoid table written into the model).

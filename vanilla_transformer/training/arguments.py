@@ -1,0 +1,138 @@
+"""The recipe's command line: scripts/train.py's flags as four dataclasses, and every Seq2SeqTrainingArguments flag
+with the paper's defaults (§5.3 Adam, §5.4 label smoothing, §6.1 beam-4 evaluation, the Noam schedule)."""
+
+import sys
+from dataclasses import dataclass, field
+
+import torch
+from transformers import HfArgumentParser, Seq2SeqTrainingArguments
+
+from .schedule import PAPER_ADAM
+
+
+@dataclass
+class ModelArguments:
+    preset: str = field(default="small", metadata={"help": "base | big (Table 3) | small | tiny"})
+    config_file: str | None = field(default=None, metadata={"help": "A config.json to build the model from."})
+    model_name_or_path: str | None = field(default=None, metadata={"help": "A checkpoint to start from."})
+    config_overrides: str | None = field(
+        default=None, metadata={"help": "Comma-separated field=value pairs, e.g. 'dropout=0.3,encoder_layers=4'."})
+    tokenizer_name_or_path: str | None = field(
+        default=None, metadata={"help": "A saved tokenizer; default: the checkpoint's, else train a shared BPE."})
+    vocab_size: int = field(default=8000, metadata={"help": "Size of the shared BPE vocabulary to train."})
+    attn_implementation: str | None = field(default=None, metadata={"help": "sdpa (default) | eager | ..."})
+    license: str = field(default="apache-2.0", metadata={"help": "License written into the model card."})
+
+
+@dataclass
+class DataArguments:
+    dataset: str = field(
+        default="builtin",
+        metadata={"help": "'builtin' (the package's English-German task), a datasets name or folder, or a "
+                          ".tsv/.jsonl file. Not used when split files (--train_source_file, ...) are given."})
+    dataset_config_name: str | None = None
+    train_source_file: str | None = None
+    train_target_file: str | None = None
+    validation_source_file: str | None = None
+    validation_target_file: str | None = None
+    test_source_file: str | None = None
+    test_target_file: str | None = None
+    source_lang: str = "en"
+    target_lang: str = "de"
+    max_source_length: int = field(default=128, metadata={"help": "Longer training pairs are dropped (reported)."})
+    max_target_length: int = 128
+    max_train_samples: int | None = None
+    max_eval_samples: int | None = None
+    preprocessing_num_workers: int | None = None
+    num_examples: int = field(default=5, metadata={"help": "Test sentences to translate and show at the end."})
+
+
+@dataclass
+class RecipeArguments:
+    noam_warmup_steps: int = field(default=4000, metadata={"help": "§5.3 warmup_steps."})
+    noam_factor: float = field(default=1.0, metadata={"help": "Multiplies the whole Noam curve."})
+    label_smoothing: float = field(default=0.1, metadata={"help": "§5.4 epsilon_ls; kept in the model config."})
+    max_tokens_per_batch: int | None = field(default=None, metadata={
+        "help": "§5.1 token-based batching: padded source (and target) tokens per device batch, replacing "
+                "--per_device_train_batch_size for training (see vanilla_transformer/data/batching.py)."})
+    pad_to_multiple_of: int = field(default=8, metadata={
+        "help": "Pad every batch's source and target length up to a multiple of this (1: to the longest only), so "
+                "a compiled model (--torch_compile) sees a handful of shapes and tensor cores get aligned sizes. "
+                "--max_tokens_per_batch counts this padding."})
+
+    tokens_per_step: int | None = field(default=None, metadata={
+        "help": "§5.1 batch size in real tokens per optimizer step over all processes (the paper: 25000), the mean "
+                "of the source and target sides: sets the per-device budget and --gradient_accumulation_steps from "
+                "the data's lengths and the number of processes (logged, and kept in results.json)."})
+    max_tokens_per_device: int = field(default=32768, metadata={
+        "help": "With --tokens_per_step: the most padded tokens one device batch may hold; beyond it, accumulate."})
+    average_last_checkpoints: int | None = field(default=None, metadata={
+        "help": "§6.1: the final model is the average of the last N checkpoints (the paper: 5 for base, 20 for "
+                "big); the last step's weights stay in its checkpoint folder."})
+    paper_bleu: bool = field(default=False, metadata={
+        "help": "Also score the paper's tokenized BLEU (Moses tokens, compound splitting; metrics.paper_bleu)."})
+
+    def __post_init__(self):
+        for name in ("pad_to_multiple_of", "tokens_per_step", "max_tokens_per_device", "average_last_checkpoints",
+                     "max_tokens_per_batch", "noam_warmup_steps"):
+            value = getattr(self, name)
+            if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 1):
+                raise ValueError(f"--{name} must be a positive int, got {value!r}.")
+        if not self.noam_factor > 0:
+            raise ValueError(f"--noam_factor must be > 0, got {self.noam_factor!r}.")
+        if self.tokens_per_step is not None and self.max_tokens_per_batch is not None:
+            raise ValueError(f"Give --tokens_per_step (the batch per optimizer step, planned) or --max_tokens_per_batch "
+                             f"(the budget per device batch), not both (got --tokens_per_step {self.tokens_per_step} "
+                             f"and --max_tokens_per_batch {self.max_tokens_per_batch}).")
+
+
+@dataclass
+class TranslationTrainingArguments(Seq2SeqTrainingArguments):
+    """Seq2SeqTrainingArguments with the paper's defaults: Adam(0.9, 0.98, 1e-9), beam 4 evaluation."""
+
+    lr_scheduler_type: str = field(default="noam", metadata={
+        "help": "noam (§5.3: the rate comes from --noam_warmup_steps and --noam_factor, --learning_rate stays 1.0) "
+                "or any transformers scheduler (linear, cosine, inverse_sqrt, ...) with --learning_rate."})
+    learning_rate: float = field(default=1.0, metadata={"help": "1.0 with the Noam schedule (it sets the rate)."})
+    adam_beta1: float = PAPER_ADAM["betas"][0]
+    adam_beta2: float = PAPER_ADAM["betas"][1]
+    adam_epsilon: float = PAPER_ADAM["eps"]
+    predict_with_generate: bool = True
+    generation_num_beams: int | None = 4
+    report_to: None | str | list[str] = "tensorboard"
+    logging_steps: float = 50
+    save_total_limit: int | None = 5  # §6.1 averages the last 5 checkpoints (base)
+    # Trainer's filter tests every micro-batch's loss for NaN in Python, which waits for the device each step.
+    logging_nan_inf_filter: bool = False
+    overwrite_output_dir: bool = field(default=False, metadata={
+        "help": "Train from scratch into a non-empty --output_dir, replacing the run saved there."})
+
+    def __post_init__(self):
+        # Trainer knows no "noam": it runs a constant schedule that PaperTrainer replaces with the paper's.
+        self.noam = self.lr_scheduler_type == "noam"
+        if self.noam:
+            self.lr_scheduler_type = "constant"
+        super().__post_init__()
+        accelerator = getattr(torch, "accelerator", None)
+        has_accelerator = accelerator.is_available() if accelerator is not None else torch.cuda.is_available()
+        if self.fp16 and (self.use_cpu or not has_accelerator):
+            # accelerate accepts it on a CPU and then trains in float32: say so instead of pretending.
+            raise ValueError("--fp16 has no effect on a CPU (accelerate trains in float32 there); use --bf16 for "
+                             "mixed precision on a CPU, or drop the flag.")
+
+
+TrainingArguments = tuple[ModelArguments, DataArguments, RecipeArguments, TranslationTrainingArguments]
+
+
+def parse_training_args(argv: list[str] | None = None) -> TrainingArguments:
+    """scripts/train.py's command line (every Seq2SeqTrainingArguments flag too) as its four dataclasses;
+    `argv` None reads sys.argv, and a single `.json` argument reads the flags from that file."""
+    parser = HfArgumentParser((ModelArguments, DataArguments, RecipeArguments, TranslationTrainingArguments))
+    arguments = sys.argv[1:] if argv is None else list(argv)
+    if len(arguments) == 1 and arguments[0].endswith(".json"):
+        return parser.parse_json_file(arguments[0])
+    return parser.parse_args_into_dataclasses(arguments)
+
+
+__all__ = ["ModelArguments", "DataArguments", "RecipeArguments", "TranslationTrainingArguments", "TrainingArguments",
+           "parse_training_args"]

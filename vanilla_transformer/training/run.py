@@ -1,0 +1,314 @@
+"""The paper's recipe as stages on the stock `Seq2SeqTrainer`: data, vocabulary, model, batches, training, then a
+Hub-ready folder (averaged, evaluated, with its card). `run()` calls them in order; scripts/train.py, the demo and
+the recipes call `run()`. The same code runs under `torchrun` / `accelerate launch`.
+"""
+
+import json
+import logging
+import math
+import os
+from dataclasses import asdict
+from pathlib import Path
+
+from datasets import DatasetDict
+from transformers import AutoModelForSeq2SeqLM, AutoTokenizer, GenerationConfig, enable_full_determinism, set_seed
+
+from ..configuration_vanilla_transformer import VanillaTransformerConfig, paper_generation_config
+from ..data.batching import TranslationDataCollator, example_lengths, plan_token_batches
+from ..data.corpora import load_parallel_data, load_parallel_text_files, tokenize_parallel
+from ..data.tokenization import train_shared_tokenizer
+from ..modeling_vanilla_transformer import VanillaTransformerForConditionalGeneration
+from ..tools.folders import check_output_dir
+from ..tools.hub import add_translation_pipeline, check_hub_folder
+from ..tools.model_card import render_model_card
+from ..tools.translation import translate
+from . import metrics
+from .arguments import DataArguments, ModelArguments, RecipeArguments, TranslationTrainingArguments
+from .checkpoints import replace_weights_with_average, resolve_checkpoint
+from .schedule import NoamLambda
+from .trainer import PaperTrainer
+
+logger = logging.getLogger(__name__)
+SPLITS = ("train", "validation", "test")
+
+
+def run(model_args: ModelArguments, data: DataArguments, recipe: RecipeArguments,
+        args: TranslationTrainingArguments) -> dict:
+    """Train, evaluate BLEU on the test (else validation) split, save a Hub-ready folder; return the results."""
+    check_run_can_start(recipe, args)
+    raw = load_raw_splits(data)
+    tokenizer = build_tokenizer(model_args, raw["train"], data)
+    # Seed before the weights are drawn: Trainer seeds only later, and every rank must start from the same model.
+    (enable_full_determinism if args.full_determinism else set_seed)(args.seed)
+    model = build_model(model_args, recipe, tokenizer)
+    train_set, eval_set, results = tokenize_splits(raw, tokenizer, data, args)
+    trainer = build_trainer(model, tokenizer, train_set, eval_set, recipe, args, results)
+    results["train"].update(train(trainer, args))
+    if trainer.is_world_process_zero():
+        results.update(finish_folder(trainer, tokenizer, raw, model_args, data, recipe, args, results))
+    return results
+
+
+def check_run_can_start(recipe: RecipeArguments, args: TranslationTrainingArguments):
+    """Every refusal that needs no data: before a recipe writes anything (a vocabulary, data files) or trains."""
+    check_recipe_fits_the_run(recipe, args)
+    check_output_dir_is_free(args)
+
+
+def load_raw_splits(data: DataArguments) -> DatasetDict:
+    files_given = any(getattr(data, f"{s}_{side}_file") for s in SPLITS for side in ("source", "target"))
+    if files_given:  # split files replace --dataset entirely, so splits never mix two corpora
+        splits = DatasetDict()
+    elif data.dataset == "builtin":
+        if {data.source_lang, data.target_lang} != {"en", "de"}:
+            raise ValueError(f"The built-in task is English-German; got --source_lang {data.source_lang} "
+                             f"--target_lang {data.target_lang}.")
+        from ..data.builtin_task import build_builtin_task  # 400 lines of grammar tables, loaded only here
+
+        splits = build_builtin_task()
+    else:
+        loaded = load_parallel_data(data.dataset, data.source_lang, data.target_lang, data.dataset_config_name)
+        splits = DatasetDict(dict(loaded) if isinstance(loaded, DatasetDict) else {"train": loaded})
+    for split in SPLITS:
+        source, target = getattr(data, f"{split}_source_file"), getattr(data, f"{split}_target_file")
+        if (source is None) != (target is None):
+            given, missing = ("source", "target") if target is None else ("target", "source")
+            raise ValueError(f"--{split}_{given}_file {source or target} was given without --{split}_{missing}_file: "
+                             "give both.")
+        if source is not None:
+            splits[split] = load_parallel_text_files(source, target, data.source_lang, data.target_lang)
+    if "validation" not in splits and "valid" in splits:
+        splits["validation"] = splits.pop("valid")
+    if "train" not in splits:
+        raise ValueError(f"--dataset {data.dataset!r} has no 'train' split (splits: {sorted(splits)}); give one "
+                         "that has, or --train_source_file and --train_target_file.")
+    for split, limit in (("train", data.max_train_samples), ("validation", data.max_eval_samples),
+                         ("test", data.max_eval_samples)):
+        if limit is not None and split in splits:
+            splits[split] = splits[split].select(range(min(limit, len(splits[split]))))
+    return splits
+
+
+def build_tokenizer(model_args: ModelArguments, train_split, data: DataArguments):
+    source = model_args.tokenizer_name_or_path or model_args.model_name_or_path
+    if source is not None:
+        return AutoTokenizer.from_pretrained(source)
+    texts = [pair[lang] for pair in train_split["translation"] for lang in (data.source_lang, data.target_lang)]
+    return train_shared_tokenizer(texts, vocab_size=model_args.vocab_size, model_max_length=max(
+        data.max_source_length, data.max_target_length))
+
+
+def _parse_overrides(text: str | None) -> dict:
+    overrides = {}
+    for item in filter(None, (text or "").split(",")):
+        name, sep, value = item.partition("=")
+        if not sep:
+            raise ValueError(f"--config_overrides takes field=value pairs, got {item!r}.")
+        # JSON values (0.3, true, null), plus Python's spelling of the constants, which users type as often.
+        python_constants = {"True": True, "False": False, "None": None}
+        try:
+            overrides[name.strip()] = python_constants[value] if value in python_constants else json.loads(value)
+        except json.JSONDecodeError:
+            overrides[name.strip()] = value
+    return overrides
+
+
+def build_model(model_args: ModelArguments, recipe: RecipeArguments, tokenizer):
+    overrides = {**_parse_overrides(model_args.config_overrides), "label_smoothing": recipe.label_smoothing}
+    kwargs = {"attn_implementation": model_args.attn_implementation} if model_args.attn_implementation else {}
+    if model_args.model_name_or_path is not None:
+        # Passed to from_pretrained so they reach the modules (dropout rates), not only the config object.
+        # The checkpoint's own generation config comes with it.
+        model = AutoModelForSeq2SeqLM.from_pretrained(model_args.model_name_or_path, **overrides, **kwargs)
+        check_vocabulary(model, tokenizer, model_args)
+        return model
+    special = dict(pad_token_id=tokenizer.pad_token_id, bos_token_id=tokenizer.bos_token_id,
+                   eos_token_id=tokenizer.eos_token_id, decoder_start_token_id=tokenizer.bos_token_id)
+    if model_args.config_file is not None:
+        config = VanillaTransformerConfig.from_json_file(model_args.config_file)
+        config = VanillaTransformerConfig(**{**config.to_dict(), **overrides, "vocab_size": len(tokenizer), **special})
+    else:
+        config = VanillaTransformerConfig.from_preset(model_args.preset, vocab_size=len(tokenizer), **special,
+                                                      **overrides)
+    model = VanillaTransformerForConditionalGeneration._from_config(config, **kwargs)
+    model.generation_config = paper_generation_config(config)  # §6.1, saved with the trained model
+    check_vocabulary(model, tokenizer, model_args)
+    return model
+
+
+def check_vocabulary(model, tokenizer, model_args: ModelArguments):
+    """A tokenizer larger than the model's vocabulary is the one way the data path can make ids the model lacks."""
+    if len(tokenizer) > model.config.vocab_size:
+        where = model_args.tokenizer_name_or_path or model_args.model_name_or_path
+        raise ValueError(f"The tokenizer (from {where}) has {len(tokenizer)} tokens but the model (from "
+                         f"{model_args.model_name_or_path or model_args.config_file or '--preset ' + model_args.preset}) "
+                         f"has vocab_size {model.config.vocab_size}: ids from {model.config.vocab_size} on would have "
+                         "no embedding.")
+
+
+def check_recipe_fits_the_run(recipe: RecipeArguments, args: TranslationTrainingArguments):
+    """Settings that would only fail after hours of training fail before it."""
+    if recipe.tokens_per_step is not None and args.gradient_accumulation_steps != 1:
+        raise ValueError(f"--tokens_per_step plans the accumulation itself; drop --gradient_accumulation_steps "
+                         f"{args.gradient_accumulation_steps}.")
+    wanted = recipe.average_last_checkpoints
+    if not wanted:
+        return
+    if args.save_strategy != "steps":  # only step-based saving also saves the final step
+        raise ValueError(f"--average_last_checkpoints {wanted} needs checkpoints every few steps: set --save_strategy "
+                         f"steps (got {args.save_strategy}).")
+    if args.save_total_limit is not None and args.save_total_limit < wanted:
+        raise ValueError(f"--average_last_checkpoints {wanted} needs --save_total_limit of at least {wanted}, "
+                         f"got {args.save_total_limit}: older checkpoints would be deleted before averaging.")
+    if args.max_steps > 0:
+        interval = args.save_steps if args.save_steps >= 1 else math.ceil(args.max_steps * args.save_steps)
+        written = math.ceil(args.max_steps / interval)  # every `interval` steps, and the final one
+        if written < wanted:
+            raise ValueError(f"--average_last_checkpoints {wanted}: --max_steps {args.max_steps} with --save_steps "
+                             f"{args.save_steps} writes only {written} checkpoints.")
+    if args.fsdp or os.environ.get("ACCELERATE_USE_FSDP", "").lower() in ("1", "true"):
+        raise ValueError(f"--average_last_checkpoints {wanted} with FSDP (--fsdp {args.fsdp!r}, ACCELERATE_USE_FSDP="
+                         f"{os.environ.get('ACCELERATE_USE_FSDP')!r}) reads each checkpoint's safetensors weights, which FSDP "
+                         "checkpoints do not hold (they are sharded): train with DDP or DeepSpeed ZeRO-2 to average.")
+    if args.push_to_hub:
+        raise ValueError(f"--push_to_hub with --average_last_checkpoints {wanted} would upload the last step's weights "
+                         "before they are averaged: train "
+                         "without it and push the finished folder with scripts/push_to_hub.py.")
+
+
+def check_output_dir_is_free(args: TranslationTrainingArguments):
+    """A finished or interrupted run is never replaced silently: continue it or name another folder."""
+    if args.resume_from_checkpoint is not None or args.overwrite_output_dir:
+        return
+    try:
+        check_output_dir(args.output_dir)
+    except ValueError as error:
+        raise ValueError(f"{error} Training from scratch would overwrite the run saved there: continue it with "
+                         "--resume_from_checkpoint true (or a checkpoint folder), or pass --overwrite_output_dir "
+                         "to replace it.") from None
+
+
+def tokenize_splits(raw: DatasetDict, tokenizer, data: DataArguments, args: TranslationTrainingArguments):
+    """The training split (and the validation split when Trainer evaluates) as ids; long pairs dropped and
+    reported. Returns both and the results so far (the length filter's report)."""
+    def tokenized(split):
+        with args.main_process_first(desc=f"tokenizing {split}"):
+            return tokenize_parallel(raw[split], tokenizer, data.source_lang, data.target_lang, data.max_source_length,
+                                     data.max_target_length, num_proc=data.preprocessing_num_workers)
+
+    train_set, report = tokenized("train")
+    if report.kept == 0:
+        raise ValueError(f"No training pair is left: all {report.dropped} are longer than --max_source_length "
+                         f"{data.max_source_length} or --max_target_length {data.max_target_length} tokens.")
+    eval_set = tokenized("validation")[0] if "validation" in raw and args.eval_strategy != "no" else None
+    # Trainer evaluation decodes with the paper's beam but a fixed length budget (it pads to one width).
+    if args.generation_max_length is None:
+        args.generation_max_length = data.max_target_length
+    return train_set, eval_set, {"train": {"length_filter": report.as_dict()}}
+
+
+def build_trainer(model, tokenizer, train_set, eval_set, recipe: RecipeArguments, args: TranslationTrainingArguments,
+                  results: dict) -> PaperTrainer:
+    """PaperTrainer with §5.1's token batches (planned per step with --tokens_per_step, or a budget per device
+    batch) and §5.3's schedule; a batch plan is logged and kept in `results`."""
+    max_tokens_per_batch = recipe.max_tokens_per_batch
+    if recipe.tokens_per_step is not None:
+        plan = plan_token_batches(recipe.tokens_per_step, max(1, args.world_size), recipe.max_tokens_per_device,
+                                  *example_lengths(train_set), pad_to_multiple_of=recipe.pad_to_multiple_of)
+        logger.warning("Batches (§5.1): %s.", plan)
+        if args.deepspeed and plan.gradient_accumulation_steps != args.gradient_accumulation_steps:
+            # The DeepSpeed JSON's "auto" values were filled from the arguments as parsed, before this plan.
+            raise ValueError(f"--tokens_per_step with --deepspeed {args.deepspeed}: the plan ({plan}) needs "
+                             f"--gradient_accumulation_steps {plan.gradient_accumulation_steps}; pass it and "
+                             f"--max_tokens_per_batch {plan.max_tokens_per_batch} instead of --tokens_per_step.")
+        max_tokens_per_batch, args.gradient_accumulation_steps = plan.max_tokens_per_batch, plan.gradient_accumulation_steps
+        results["train"]["batch_plan"] = asdict(plan)
+    return PaperTrainer(
+        model=model, args=args, train_dataset=train_set, eval_dataset=eval_set, processing_class=tokenizer,
+        data_collator=TranslationDataCollator(tokenizer, model=model, label_pad_token_id=-100,
+                                              pad_to_multiple_of=recipe.pad_to_multiple_of),
+        compute_metrics=metrics.build_compute_metrics(tokenizer),
+        noam_schedule=NoamLambda(model.config.d_model, recipe.noam_warmup_steps, recipe.noam_factor)
+        if args.noam else None,
+        max_tokens_per_batch=max_tokens_per_batch,
+    )
+
+
+def train(trainer: PaperTrainer, args: TranslationTrainingArguments) -> dict:
+    """Train (resuming where asked) and save the last step's weights into --output_dir; returns Trainer's metrics."""
+    model = trainer.model
+    generation_config = GenerationConfig.from_dict(model.generation_config.to_dict())
+    result = trainer.train(resume_from_checkpoint=resolve_checkpoint(args.resume_from_checkpoint, args.output_dir,
+                                                                      args.world_size))
+    # Trainer switches the cache off for training and evaluation fills the generation config with
+    # global defaults; restore both so the saved model decodes as the paper does.
+    model.config.use_cache = True
+    model.generation_config = generation_config
+    if trainer.is_fsdp_enabled:  # one loadable safetensors file, not shards, in the final folder
+        trainer.accelerator.state.fsdp_plugin.set_state_dict_type("FULL_STATE_DICT")
+    trainer.save_model(args.output_dir)  # on every rank: FSDP and DeepSpeed gather the weights collectively
+    trainer.accelerator.wait_for_everyone()
+    return result.metrics
+
+
+def finish_folder(trainer: PaperTrainer, tokenizer, raw: DatasetDict, model_args: ModelArguments, data: DataArguments,
+                  recipe: RecipeArguments, args: TranslationTrainingArguments, results: dict) -> dict:
+    """On the main process: the tokenizer and pipeline beside the weights, the average of the last checkpoints
+    (§6.1), BLEU on the test (else validation) split, results.json, the model card and the training curves."""
+    folder = Path(args.output_dir)
+    tokenizer.save_pretrained(folder)
+    add_translation_pipeline(folder)
+    finished = {}
+    if recipe.average_last_checkpoints:
+        finished["averaged_checkpoints"] = replace_weights_with_average(folder, recipe.average_last_checkpoints)
+    split = "test" if "test" in raw else "validation" if "validation" in raw else None
+    scores = None
+    if split is not None:
+        # Sharded weights (FSDP, ZeRO-3) cannot generate on one rank alone: evaluate the saved model.
+        sharded = trainer.is_fsdp_enabled or (trainer.is_deepspeed_enabled and
+                                              trainer.accelerator.state.deepspeed_plugin.zero_stage == 3)
+        from_disk = sharded or recipe.average_last_checkpoints
+        model = AutoModelForSeq2SeqLM.from_pretrained(folder).to(args.device) if from_disk else trainer.model
+        scores, hypotheses = evaluate_bleu(model, tokenizer, raw[split], data, args.per_device_eval_batch_size,
+                                           paper_bleu=recipe.paper_bleu)
+        finished[split] = scores
+        (folder / f"{split}_translations.txt").write_text("".join(h + "\n" for h in hypotheses), encoding="utf-8")
+    (folder / "results.json").write_text(json.dumps({**results, **finished}, indent=2, default=str))
+    card = render_model_card(
+        folder, languages=[data.source_lang, data.target_lang], license=model_args.license, datasets=None,
+        eval_results=None if scores is None else {**scores, "dataset_split": split},
+        dataset_name=_dataset_name(data),
+        training_summary=f"{trainer.state.global_step} optimizer steps of the paper's recipe "
+                         f"(scripts/train.py; see results.json and training_curves.png).",
+    )
+    card.save(folder / "README.md")
+    check_hub_folder(folder)
+    from ..tools.plots import plot_training_curves  # matplotlib only where a plot is drawn
+    plot_training_curves(trainer.state.log_history, folder / "training_curves.png")
+    return finished
+
+
+def _dataset_name(data: DataArguments) -> str:
+    if data.train_source_file:
+        return f"{Path(data.train_source_file).parent.name} ({data.source_lang}-{data.target_lang})"
+    return "vanilla_transformer built-in English-German task" if data.dataset == "builtin" else data.dataset
+
+
+def evaluate_bleu(model, tokenizer, split, data: DataArguments, batch_size: int = 64, paper_bleu: bool = False,
+                  **generate_kwargs) -> tuple[dict, list[str]]:
+    """sacreBLEU and chrF of beam-search translations of a whole split against its raw references, and with
+    `paper_bleu` the paper's tokenized BLEU too; returns the scores (with a few examples) and the translations."""
+    sources = [pair[data.source_lang] for pair in split["translation"]]
+    references = [pair[data.target_lang] for pair in split["translation"]]
+    hypotheses = translate(model, tokenizer, sources, batch_size=batch_size, progress=True, **generate_kwargs)
+    scores = metrics.corpus_scores(hypotheses, references)
+    if paper_bleu:
+        scores["paper_bleu"] = metrics.paper_bleu(hypotheses, references, lang=data.target_lang)
+    examples = [{"source": s, "reference": r, "translation": h}
+                for s, r, h in list(zip(sources, references, hypotheses))[: data.num_examples]]
+    return {**scores, "num_sentences": len(sources), "examples": examples}, hypotheses
+
+
+__all__ = ["run", "check_run_can_start", "check_recipe_fits_the_run", "check_output_dir_is_free", "load_raw_splits",
+           "build_tokenizer", "build_model", "tokenize_splits", "build_trainer", "train", "finish_folder",
+           "evaluate_bleu"]

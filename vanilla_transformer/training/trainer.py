@@ -1,0 +1,41 @@
+"""`Seq2SeqTrainer` with the paper's schedule (§5.3) and token-based batches (§5.1)."""
+
+import torch
+from transformers import Seq2SeqTrainer
+
+from ..data.batching import token_batch_train_dataloader
+from .schedule import NoamLambda
+
+
+class PaperTrainer(Seq2SeqTrainer):
+    """Seq2SeqTrainer whose scheduler is the paper's (§5.3) when `noam_schedule` is given.
+
+    Overriding `create_scheduler` rather than passing `optimizers=(...)` lets Trainer build the optimizer
+    itself after wrapping the model, which FSDP and DeepSpeed require.
+    """
+
+    def __init__(self, *args, noam_schedule: NoamLambda | None = None, max_tokens_per_batch: int | None = None,
+                 **kwargs):
+        super().__init__(*args, **kwargs)
+        self.noam_schedule = noam_schedule
+        self.max_tokens_per_batch = max_tokens_per_batch
+        if noam_schedule is not None and self.args.learning_rate != 1.0:
+            raise ValueError(
+                f"With the Noam schedule the learning rate comes from the schedule, so --learning_rate must be "
+                f"1.0 (got {self.args.learning_rate}); scale the curve with --noam_factor instead."
+            )
+
+    def get_train_dataloader(self):
+        if self.max_tokens_per_batch is None:
+            return super().get_train_dataloader()
+        return token_batch_train_dataloader(self, self.max_tokens_per_batch)
+
+    def create_scheduler(self, num_training_steps, optimizer=None):
+        if self.noam_schedule is None or self.lr_scheduler is not None:
+            return super().create_scheduler(num_training_steps, optimizer)
+        self.lr_scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer or self.optimizer, self.noam_schedule)
+        self._created_lr_scheduler = True
+        return self.lr_scheduler
+
+
+__all__ = ["PaperTrainer"]
