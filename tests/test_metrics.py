@@ -8,10 +8,9 @@ import pytest
 from tokenizers import Tokenizer, models, pre_tokenizers
 from transformers import EvalPrediction, PreTrainedTokenizerFast
 
+from sacrebleu.metrics import BLEU, CHRF
 from vanilla_transformer.training.metrics import (
-    bleu_signature,
     build_compute_metrics,
-    chrf_signature,
     corpus_scores,
     load_bleu_metric,
     paper_bleu,
@@ -52,12 +51,20 @@ def test_chrf_is_a_percentage():
     assert 0.0 < corpus_scores(HYPS, REFS)["chrf"] < 100.0
 
 
-def test_signatures_name_the_settings():
-    scores = corpus_scores(HYPS, REFS)
-    assert scores["bleu_signature"] == bleu_signature()
-    assert scores["chrf_signature"] == chrf_signature()
+def test_the_signatures_name_the_settings_that_produced_the_scores():
+    hypotheses, references = ["The cat sat on the Mat."], ["the Cat sat on the mat ."]
+    scores = corpus_scores(hypotheses, references)
     assert scores["bleu_signature"].startswith("nrefs:1|case:mixed|eff:no|tok:13a|smooth:exp|version:")
-    assert scores["chrf_signature"].startswith("nrefs:1|")
+    fields = dict(item.split(":", 1) for item in scores["bleu_signature"].split("|"))
+    bleu = BLEU(tokenize=fields["tok"], lowercase=fields["case"] == "lc", smooth_method=fields["smooth"],
+                effective_order=fields["eff"] == "yes")
+    assert bleu.corpus_score(hypotheses, [references]).score == scores["bleu"]
+    # Each named setting matters on this pair, so a signature that misnamed one would not reproduce the score.
+    assert BLEU(lowercase=True).corpus_score(hypotheses, [references]).score != scores["bleu"]
+    assert BLEU(tokenize="none").corpus_score(hypotheses, [references]).score != scores["bleu"]
+    chrf = dict(item.split(":", 1) for item in scores["chrf_signature"].split("|"))
+    assert CHRF(char_order=int(chrf["nc"]), word_order=int(chrf["nw"]), lowercase=chrf["case"] == "lc",
+                whitespace=chrf["space"] == "yes").corpus_score(hypotheses, [references]).score == scores["chrf"]
 
 
 def test_multiple_references_per_hypothesis():

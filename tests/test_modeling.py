@@ -219,10 +219,19 @@ def test_a_4d_decoder_mask_is_used_as_the_attention_mask_it_is():
     input_ids, attention_mask, labels = random_batch()
     decoder_input_ids = model.prepare_decoder_input_ids_from_labels(labels)
     length = decoder_input_ids.shape[1]
-    causal = torch.ones(length, length, dtype=torch.bool).tril().expand(3, 1, length, length)
-    expected = logits(model, input_ids, attention_mask, decoder_input_ids)
-    given = logits(model, input_ids, attention_mask, decoder_input_ids, decoder_attention_mask=causal)
-    torch.testing.assert_close(given, expected, atol=ATOL, rtol=0)
+    # Causal, and in the first row position 2 hidden from every later query: what a 2-D mask with a hole gives.
+    keep = torch.ones(3, length, dtype=torch.long)
+    keep[0, 2] = 0
+    causal = torch.ones(length, length, dtype=torch.bool).tril()
+    four_d = (causal & keep.bool()[:, None, None, :]) | torch.eye(length, dtype=torch.bool)
+    expected = logits(model, input_ids, attention_mask, decoder_input_ids, decoder_attention_mask=keep)
+    given = logits(model, input_ids, attention_mask, decoder_input_ids, decoder_attention_mask=four_d)
+    plain = logits(model, input_ids, attention_mask, decoder_input_ids)
+    rows_after_the_hole = slice(3, None)
+    torch.testing.assert_close(given[:, rows_after_the_hole], expected[:, rows_after_the_hole], atol=ATOL, rtol=0)
+    # Ignoring the 4-D mask would give the plain causal logits, which differ in the first row after the hole.
+    assert (given[0, 3:] - plain[0, 3:]).abs().max() > 10 * ATOL
+    torch.testing.assert_close(given[1:], plain[1:], atol=ATOL, rtol=0)
 
 
 def test_a_new_model_without_a_generation_config_decodes_greedily():

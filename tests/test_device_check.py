@@ -1,0 +1,118 @@
+"""scripts/device_check.sh, the GPU check, in its CPU smoke mode: every section's code runs end to end with tiny
+sizes, and without CUDA it says so and exits cleanly."""
+
+import math
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def _device_check(*args, **env):
+    import os
+    import subprocess
+
+    environment = {**os.environ, "PYTHON": sys.executable, "OMP_NUM_THREADS": "1", **env}
+    environment.pop("OUT", None)
+    return subprocess.run(["bash", str(REPO / "scripts" / "device_check.sh"), *args], cwd=REPO, env=environment,
+                          capture_output=True, text=True, timeout=300)
+
+
+def test_device_check_without_cuda_says_so_and_exits_cleanly(tmp_path):
+    out = tmp_path / "out"
+    result = _device_check("--out", str(out), CUDA_VISIBLE_DEVICES="")
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert "no CUDA device" in result.stdout
+    assert not out.exists()
+
+
+def test_device_check_cpu_smoke_runs_every_section(tmp_path):
+    """The GPU check's code end to end on the CPU with tiny sizes: bf16 matmul, attention agreement, the bf16
+    training step at the paper's batch (ours and Marian, eager and compiled), beam search, the benchmark's
+    comparisons, and a 30-step `scripts/train.py --bf16` run whose loss must fall."""
+    import json
+
+    out = tmp_path / "out"
+    result = _device_check("--cpu_smoke", "--out", str(out))
+    assert result.returncode == 0, (result.stdout[-3000:], result.stderr[-3000:])
+    report = json.loads((out / "device_check.json").read_text())
+    assert report["ok"] and report["cpu_smoke"] and report["complete"]
+    sections = report["sections"]
+    assert list(sections) == ["environment", "matmul_peak", "attention_agreement", "paper_batch_training",
+                              "beam_search", "speed_vs_peers", "training_run"]  # the paper batch right after the checks
+    agreement = sections["attention_agreement"]["result"]["padded"]
+    assert agreement["eager/fp32"] == 0.0 and agreement["sdpa/fp32"] < 1e-4
+    assert agreement["sdpa/bf16"] < 0.25 and agreement["eager/bf16"] < 0.25
+    paper = sections["paper_batch_training"]["result"]
+    assert paper["errors"] == {} and paper["failures"] == [] and paper["compile_backend"] == "aot_eager"
+    assert paper["rows"] == 43 and paper["width"] == 8  # ~256 real tokens a side (lengths average 6 of 8)
+    assert 0.85 * 256 < paper["source_tokens"] < 1.15 * 256
+    assert 43 * 4 <= paper["source_tokens"] <= 43 * 8 and 43 * 4 <= paper["target_tokens"] <= 43 * 8
+    tiny = paper["presets"]["tiny"]
+    assert list(tiny["systems"]) == ["ours_eager", "ours_compiled", "marian_eager", "marian_compiled"]
+    for name, system in tiny["systems"].items():
+        assert math.isfinite(system["step_ms"]) and system["step_ms"] > 0, name
+        assert system["loss_finite"] and system["tokens_per_s"] > 0 and 0 < system["mfu"], name
+        assert system["compile_s"] > 0 and system["peak_memory_gib"] is None, name  # no CUDA: no peak
+    for key in ("compiled_speed_vs_marian_compiled", "compiled_speed_vs_eager", "eager_speed_vs_marian_eager"):
+        assert tiny[key] > 0, key
+    [projection] = tiny["projected_hours"]
+    assert projection["steps"] == 100_000
+    assert projection["hours"] == pytest.approx(1e5 * tiny["systems"]["ours_compiled"]["step_ms"] / 3.6e6)
+    assert sections["beam_search"]["result"]["output_shape"] == [2, 5]  # 4 new tokens after the start token
+    peers = sections["speed_vs_peers"]["result"]  # the benchmark's comparisons, on the device
+    assert peers["greedy_textbook_equals_ours"] and peers["beam_textbook_equals_ours"]
+    assert all(peers[f"{w}_speed_vs_marian"] > 0 for w in ("train", "greedy", "beam"))
+    assert [c["new_tokens"] for c in peers["beam_vs_textbook"]] == [2, 4]
+    assert peers["greedy_static_cache_equals_dynamic"] and peers["greedy_static_cache_speed_vs_marian"] > 0
+    run = sections["training_run"]["result"]
+    assert run["loss_falls"] and math.isfinite(run["last_logged_loss"])
+    markdown = (out / "device_check.md").read_text()
+    assert "## bf16 training step at the paper's batch" in markdown and "All checks passed: **yes**" in markdown
+    assert "| system | step ms | tokens/s | TFLOP/s | MFU | peak GiB | compile s |" in markdown
+    assert all(f"| {name} | " in markdown for name in tiny["systems"])
+    assert "ours compiled vs Marian compiled" in markdown and "100,000 steps" in markdown
+    profile = tiny["profile_ours_compiled"]  # one compiled step's top kernels, their shares adding up to at most 1
+    assert profile["kernels"] and 0 < sum(k["share"] for k in profile["kernels"]) <= 1 + 1e-9
+    assert "Top kernels of one compiled step of ours" in markdown
+    assert "## Speed vs MarianMTModel and the textbook decoder" in markdown
+    assert "train_step" not in markdown and "Incomplete" not in markdown
+
+
+def test_device_check_paper_batch_keeps_the_systems_that_compile_and_fails_without_ours_compiled():
+    """A compile that fails (as inductor does without a C compiler) is recorded for its system; the eager systems
+    are still measured, and the section fails because our compiled step did not run."""
+    import time
+
+    import device_check
+    from torch._dynamo import register_backend
+
+    @register_backend
+    def vt_failing_backend(graph_module, example_inputs):
+        raise RuntimeError("no C compiler")
+
+    settings = {**device_check.CPU_SMOKE_SETTINGS}
+    settings["paper"] = {**settings["paper"], "compile_backend": "vt_failing_backend", "timed_steps": 1}
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        result = device_check.paper_batch_training(torch.device("cpu"), settings, None, time.perf_counter() + 600)
+    finally:
+        torch.set_num_threads(threads)
+    assert set(result["errors"]) == {"tiny/ours_compiled", "tiny/marian_compiled"}
+    assert "no C compiler" in result["errors"]["tiny/ours_compiled"]
+    tiny = result["presets"]["tiny"]
+    assert list(tiny["systems"]) == ["ours_eager", "marian_eager"]
+    assert all(system["step_ms"] > 0 and system["mfu"] is None for system in tiny["systems"].values())
+    assert tiny["eager_speed_vs_marian_eager"] > 0 and tiny["compiled_speed_vs_eager"] is None
+    assert tiny["projected_hours"] == [{"steps": 100_000, "hours": None}]
+    assert result["failures"] == ["tiny: ours_compiled did not run"]
+    report = {"cpu_smoke": True, "wall_s": 1.0, "ok": False, "complete": False,
+              "sections": {"paper_batch_training": {"ok": False, "result": result, "error": "; ".join(result["failures"])}}}
+    markdown = device_check.render_markdown(report)
+    assert "| ours_eager | " in markdown and "| ours_compiled | " not in markdown
+    assert "- error, tiny/ours_compiled: " in markdown and "100,000 steps – h" in markdown
+    assert "**Incomplete**" in markdown and "All checks passed: **no**" in markdown
