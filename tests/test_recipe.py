@@ -1,7 +1,12 @@
-"""scripts/recipes/wmt14_en_de.py in miniature: every stage of the paper's run, from data to both BLEU figures."""
+"""The recipes in miniature: scripts/recipes/wmt14_en_de.py (every stage of the paper's run, from data to both BLEU
+figures) and scripts/recipes/multi30k_en_de.py (to an averaged folder scored on validation and held-out sets)."""
 
 import json
+import logging
+import os
 import runpy
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -143,3 +148,88 @@ def test_the_cost_table_projects_the_measured_step_to_the_papers_runs(capsys, tm
     namespace["main"](["--cost_table", "--step_times", str(tmp_path / "report.json")])  # the same, from the command
     printed = capsys.readouterr().out
     assert "| base | 100,000 | 50 ms | 1.4 h |" in printed and "96 GPU-hours" in printed
+
+
+# scripts/recipes/multi30k_en_de.py in miniature ---------------------------------------------------------------
+
+def multi30k_recipe() -> dict:
+    return runpy.run_path(str(ROOT / "scripts" / "recipes" / "multi30k_en_de.py"), run_name="recipe")
+
+
+@pytest.fixture(scope="module")
+def corpus(tmp_path_factory) -> Path:
+    """Multi30k's file layout (train, val) and a held-out pair, filled from the built-in task."""
+    from vanilla_transformer.data.builtin_task import build_builtin_task
+
+    folder = tmp_path_factory.mktemp("corpus")
+    splits = build_builtin_task()
+    for name, split, count in (("train", "train", 400), ("val", "validation", 12), ("heldout", "test", 8)):
+        pairs = splits[split]["translation"][:count]
+        for lang in ("en", "de"):
+            (folder / f"{name}.{lang}").write_text("".join(pair[lang] + "\n" for pair in pairs), encoding="utf-8")
+    return folder
+
+
+def test_the_multi30k_recipe_ends_in_an_averaged_scored_folder_that_translate_py_uses(corpus, tmp_path):
+    output = tmp_path / "m30k"
+    results = multi30k_recipe()["main"]([
+        "--output_dir", str(output), "--data_dir", str(corpus), "--test_source_file", str(corpus / "heldout.en"),
+        "--test_target_file", str(corpus / "heldout.de"),
+        # train.py flags win over the recipe's: a tiny model, a few steps, still more checkpoints than averaged.
+        "--preset", "tiny", "--vocab_size", "300", "--max_steps", "6", "--save_steps", "1", "--eval_steps", "3",
+        "--noam_warmup_steps", "2", "--per_device_eval_batch_size", "8"])
+
+    saved = json.loads((output / "results.json").read_text())
+    assert saved["averaged_checkpoints"] == [f"checkpoint-{step}" for step in (2, 3, 4, 5, 6)]
+    averaged = AutoModelForSeq2SeqLM.from_pretrained(output)
+    checkpoints = [load_file(output / name / "model.safetensors") for name in saved["averaged_checkpoints"]]
+    name = "model.decoder.layers.0.ffn.fc1.weight"
+    expected = torch.stack([c[name].double() for c in checkpoints]).mean(0).float()
+    torch.testing.assert_close(averaged.state_dict()[name], expected, atol=1e-7, rtol=0)
+    # All validation sentences with beam search, and the held-out pair, each scored from its saved translations.
+    assert saved["validation"]["num_sentences"] == 12 and averaged.generation_config.num_beams == 4
+    validation = (output / "validation_translations.txt").read_text(encoding="utf-8").splitlines()
+    references = (corpus / "val.de").read_text(encoding="utf-8").splitlines()
+    assert saved["validation"]["bleu"] == corpus_scores(validation, references)["bleu"]
+    (held_out,) = saved["held_out"]
+    translations = (output / "heldout_translations.txt").read_text(encoding="utf-8").splitlines()
+    assert held_out["num_sentences"] == 8 and held_out["bleu"] == corpus_scores(
+        translations, (corpus / "heldout.de").read_text(encoding="utf-8").splitlines())["bleu"]
+    assert results["validation"]["bleu"] == saved["validation"]["bleu"]
+    card = (output / "README.md").read_text()
+    assert "Held-out test sets" in card and f"| {held_out['dataset_name']} | 8 |" in card
+    assert (output / "validation_bleu.png").is_file() and saved["minutes"] > 0
+    state = json.loads((output / "checkpoint-6" / "trainer_state.json").read_text())
+    assert [round(e["minutes"], 6) > 0 for e in state["log_history"] if "eval_bleu" in e] == [True, True]
+
+    command = [sys.executable, str(ROOT / "scripts" / "translate.py"), "--model", str(output), "--num_beams", "1",
+               "--max_new_tokens", "8"]
+    translated = subprocess.run(command, input="I carry the blue pigs\n", capture_output=True, text=True,
+                                timeout=300, env={**os.environ, "HF_HUB_OFFLINE": "1"})
+    assert translated.returncode == 0 and translated.stdout.strip(), translated.stderr[-2000:]
+
+
+@pytest.mark.parametrize("flags, message", [
+    (["--test_source_file", "{corpus}/heldout.en"], "in pairs: got 1 source and 0 target files"),
+    (["--data_dir", "{tmp}"], "--data_dir {tmp} has no train.en"),
+    (["--test_source_file", "{tmp}/missing.en", "--test_target_file", "{corpus}/heldout.de"],
+     "--test_source_file {tmp}/missing.en: no such file"),
+])
+def test_the_multi30k_recipe_refuses_by_flag_before_it_writes(flags, message, corpus, tmp_path, capsys):
+    values = {"corpus": corpus, "tmp": tmp_path}
+    with pytest.raises(SystemExit) as exit_:
+        multi30k_recipe()["main"](["--output_dir", str(tmp_path / "run"), "--data_dir", str(corpus),
+                                   *[flag.format(**values) for flag in flags]])
+    assert exit_.value.code == 2 and message.format(**values) in capsys.readouterr().err
+    assert not (tmp_path / "run").exists()
+
+
+def test_precision_follows_the_machine_unless_asked(monkeypatch, caplog):
+    namespace = multi30k_recipe()
+    flags = namespace["precision_flags"]
+    monkeypatch.setitem(flags.__globals__, "native_bf16", lambda: False)
+    with caplog.at_level(logging.WARNING, logger="multi30k_en_de"):
+        assert flags("auto", []) == []
+    assert "float32 (this machine has no native bf16 matrix multiply)" in caplog.text
+    monkeypatch.setitem(flags.__globals__, "native_bf16", lambda: True)
+    assert flags("auto", []) == ["--bf16"] and flags("fp32", []) == [] and flags("auto", ["--bf16"]) == []

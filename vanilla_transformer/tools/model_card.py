@@ -114,6 +114,7 @@ def model_card_variables(
     base_model: str | None = None,
     repo_id: str | None = None,
     example: str = "Two dogs are playing in the snow.",
+    held_out_results: list[dict] | None = None,
 ) -> tuple[ModelCardData, dict]:
     """The card's metadata and the template's variables, for `render_model_card` or
     `ModelCard.from_template(card_data, template_path=TEMPLATE_PATH, **variables)`."""
@@ -154,6 +155,15 @@ def model_card_variables(
         evaluation = {key: eval_results.get(key) for key in
                       ("bleu", "bleu_signature", "chrf", "chrf_signature", "paper_bleu", "dataset_split", "decoding")}
         evaluation["dataset_name"] = dataset_name
+    held_out = []
+    for index, scores in enumerate(held_out_results or []):  # more test sets, each under its own name
+        missing = [key for key in ("bleu", "bleu_signature", "dataset_name") if scores.get(key) is None]
+        if missing:
+            raise ValueError(f"held_out_results[{index}] lacks {missing} (it has {sorted(scores)})")
+        card_data.model_name = model_name
+        card_data.eval_results = [*(card_data.eval_results or []),
+                                  *_eval_results(scores, task_name, scores["dataset_name"], datasets)]
+        held_out.append({key: scores.get(key) for key in ("dataset_name", "num_sentences", "bleu", "chrf")})
     arch = {
         "vocab_size": config.vocab_size,
         "embedding": ("one matrix for the source and target embeddings and the pre-softmax projection (§3.4)"
@@ -178,6 +188,7 @@ def model_card_variables(
         "arch": arch,
         "generation": _generation(folder),
         "eval": evaluation,
+        "held_out": held_out,
         "example": example,
     }
     return card_data, variables
@@ -188,7 +199,8 @@ def render_model_card(folder: str | os.PathLike, *, template_path: str | os.Path
     """The model card of the checkpoint in `folder`, with Hub metadata (including `model-index`).
 
     Keyword arguments (see `model_card_variables`): languages, license, datasets, eval_results, dataset_name,
-    training_summary="", base_model=None, repo_id=None, example.
+    training_summary="", base_model=None, repo_id=None, example, held_out_results=None (more scored test sets,
+    each like eval_results with its own `dataset_name`).
 
     eval_results: `{"bleu": float, "bleu_signature": str, "chrf": float, "chrf_signature": str}` as
     `vanilla_transformer.training.metrics.corpus_scores` returns, optionally with `dataset_split`, `dataset_config`,

@@ -52,3 +52,23 @@ def plot_cross_attention(attention: dict, path, layer: int | None = None):
     figure.savefig(Path(path), dpi=110)
     plt.close(figure)
     return figure
+
+
+def plot_bleu_over_time(points: list[tuple[float, float]], path, title: str = "validation BLEU",
+                        final: tuple[float, float] | None = None) -> Path:
+    """Validation BLEU against wall-clock minutes: `points` (minutes, BLEU) of the evaluations during training,
+    and `final`, the finished model's (minutes, BLEU), drawn apart (it may be decoded differently)."""
+    figure, axis = plt.subplots(figsize=(6.5, 4))
+    if points:
+        axis.plot(*zip(*points), marker="o", label="during training (greedy)")
+    if final is not None:
+        axis.plot(*final, marker="*", markersize=14, linestyle="none", label="final model (averaged, beam)")
+        axis.annotate(f"{final[1]:.2f}", final, textcoords="offset points", xytext=(6, -12))
+    axis.set(title=title, xlabel="minutes since the start", ylabel="sacreBLEU")
+    axis.grid(alpha=0.3)
+    axis.legend(loc="lower right")
+    figure.tight_layout()
+    path = Path(path)
+    figure.savefig(path, dpi=110)
+    plt.close(figure)
+    return path

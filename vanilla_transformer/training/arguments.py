@@ -134,5 +134,14 @@ def parse_training_args(argv: list[str] | None = None) -> TrainingArguments:
     return parser.parse_args_into_dataclasses(arguments)
 
 
-__all__ = ["ModelArguments", "DataArguments", "RecipeArguments", "TranslationTrainingArguments", "TrainingArguments",
+def native_bf16() -> bool:
+    """Whether this machine multiplies bf16 matrices natively: a CUDA GPU that supports bf16, or a CPU with
+    AVX-512 BF16 / AMX (oneDNN's check). Elsewhere bf16 is emulated, far slower than float32."""
+    if torch.cuda.is_available():
+        return torch.cuda.is_bf16_supported()
+    check = getattr(torch.ops.mkldnn, "_is_mkldnn_bf16_supported", None)
+    return bool(check()) if check is not None else False
+
+
+__all__ = ["native_bf16", "ModelArguments", "DataArguments", "RecipeArguments", "TranslationTrainingArguments", "TrainingArguments",
            "parse_training_args"]

@@ -33,8 +33,9 @@ SPLITS = ("train", "validation", "test")
 
 
 def run(model_args: ModelArguments, data: DataArguments, recipe: RecipeArguments,
-        args: TranslationTrainingArguments) -> dict:
-    """Train, evaluate BLEU on the test (else validation) split, save a Hub-ready folder; return the results."""
+        args: TranslationTrainingArguments, callbacks: list | None = None) -> dict:
+    """Train, evaluate BLEU on the test (else validation) split, save a Hub-ready folder; return the results.
+    `callbacks`: TrainerCallbacks for the run's Trainer."""
     check_run_can_start(recipe, args)
     raw = load_raw_splits(data)
     tokenizer = build_tokenizer(model_args, raw["train"], data)
@@ -42,7 +43,7 @@ def run(model_args: ModelArguments, data: DataArguments, recipe: RecipeArguments
     (enable_full_determinism if args.full_determinism else set_seed)(args.seed)
     model = build_model(model_args, recipe, tokenizer)
     train_set, eval_set, results = tokenize_splits(raw, tokenizer, data, args)
-    trainer = build_trainer(model, tokenizer, train_set, eval_set, recipe, args, results)
+    trainer = build_trainer(model, tokenizer, train_set, eval_set, recipe, args, results, callbacks)
     results["train"].update(train(trainer, args))
     if trainer.is_world_process_zero():
         results.update(finish_folder(trainer, tokenizer, raw, model_args, data, recipe, args, results))
@@ -208,7 +209,7 @@ def tokenize_splits(raw: DatasetDict, tokenizer, data: DataArguments, args: Tran
 
 
 def build_trainer(model, tokenizer, train_set, eval_set, recipe: RecipeArguments, args: TranslationTrainingArguments,
-                  results: dict) -> PaperTrainer:
+                  results: dict, callbacks: list | None = None) -> PaperTrainer:
     """PaperTrainer with §5.1's token batches (planned per step with --tokens_per_step, or a budget per device
     batch) and §5.3's schedule; a batch plan is logged and kept in `results`."""
     max_tokens_per_batch = recipe.max_tokens_per_batch
@@ -230,7 +231,7 @@ def build_trainer(model, tokenizer, train_set, eval_set, recipe: RecipeArguments
         compute_metrics=metrics.build_compute_metrics(tokenizer),
         noam_schedule=NoamLambda(model.config.d_model, recipe.noam_warmup_steps, recipe.noam_factor)
         if args.noam else None,
-        max_tokens_per_batch=max_tokens_per_batch,
+        max_tokens_per_batch=max_tokens_per_batch, callbacks=callbacks,
     )
 
 
@@ -248,7 +249,7 @@ def train(trainer: PaperTrainer, args: TranslationTrainingArguments) -> dict:
         trainer.accelerator.state.fsdp_plugin.set_state_dict_type("FULL_STATE_DICT")
     trainer.save_model(args.output_dir)  # on every rank: FSDP and DeepSpeed gather the weights collectively
     trainer.accelerator.wait_for_everyone()
-    return result.metrics
+    return {**result.metrics, "steps": trainer.state.global_step}
 
 
 def finish_folder(trainer: PaperTrainer, tokenizer, raw: DatasetDict, model_args: ModelArguments, data: DataArguments,
@@ -274,18 +275,26 @@ def finish_folder(trainer: PaperTrainer, tokenizer, raw: DatasetDict, model_args
         finished[split] = scores
         (folder / f"{split}_translations.txt").write_text("".join(h + "\n" for h in hypotheses), encoding="utf-8")
     (folder / "results.json").write_text(json.dumps({**results, **finished}, indent=2, default=str))
-    card = render_model_card(
-        folder, languages=[data.source_lang, data.target_lang], license=model_args.license, datasets=None,
-        eval_results=None if scores is None else {**scores, "dataset_split": split},
-        dataset_name=_dataset_name(data),
-        training_summary=f"{trainer.state.global_step} optimizer steps of the paper's recipe "
-                         f"(scripts/train.py; see results.json and training_curves.png).",
-    )
-    card.save(folder / "README.md")
+    write_model_card(folder, model_args, data, {**results, **finished})
     check_hub_folder(folder)
     from ..tools.plots import plot_training_curves  # matplotlib only where a plot is drawn
     plot_training_curves(trainer.state.log_history, folder / "training_curves.png")
     return finished
+
+
+def write_model_card(folder: Path, model_args: ModelArguments, data: DataArguments, results: dict,
+                     held_out: list[dict] | None = None):
+    """README.md of a finished run from its results: the test (else validation) scores, and `held_out`, more
+    scored sets (each like evaluate_bleu's scores, with its `dataset_name`)."""
+    split = "test" if "test" in results else "validation" if "validation" in results else None
+    card = render_model_card(
+        folder, languages=[data.source_lang, data.target_lang], license=model_args.license, datasets=None,
+        eval_results=None if split is None else {**results[split], "dataset_split": split},
+        dataset_name=_dataset_name(data), held_out_results=held_out,
+        training_summary=f"{results['train']['steps']} optimizer steps of the paper's recipe "
+                         f"(scripts/train.py; see results.json and training_curves.png).",
+    )
+    card.save(folder / "README.md")
 
 
 def _dataset_name(data: DataArguments) -> str:
@@ -311,4 +320,5 @@ def evaluate_bleu(model, tokenizer, split, data: DataArguments, batch_size: int 
 
 __all__ = ["run", "check_run_can_start", "check_recipe_fits_the_run", "check_output_dir_is_free", "load_raw_splits",
            "build_tokenizer", "build_model", "tokenize_splits", "build_trainer", "train", "finish_folder",
+           "write_model_card",
            "evaluate_bleu"]

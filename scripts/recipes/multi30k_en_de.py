@@ -1,0 +1,150 @@
+#!/usr/bin/env python
+"""Multi30k English→German (Elliott et al., 2016) with the paper's model and recipe, sized for 29k training pairs
+and a CPU: one command from the corpus to a Hub-ready folder whose weights average the last checkpoints (§6.1),
+scored on the whole validation set with beam search, and on any held-out test sets given.
+
+    python scripts/recipes/multi30k_en_de.py --output_dir runs/multi30k
+    python scripts/recipes/multi30k_en_de.py --output_dir runs/m30k --data_dir DIR \\
+        --test_source_file test_2016_flickr.en --test_target_file test_2016_flickr.de     # repeatable, in pairs
+
+--data_dir holds line-aligned train.{en,de} and val.{en,de} (default: ../shared/data/multi30k). Every other flag
+goes to scripts/train.py (all of Seq2SeqTrainingArguments) and wins over the recipe's value, e.g. --max_steps or
+--config_overrides. --precision auto trains in bf16 autocast (float32 weights and loss) where the machine multiplies
+bf16 natively, else in float32, and says which in one log line. The choices and what each bought on validation:
+scripts/recipes/README.md.
+"""
+
+import argparse
+import json
+import logging
+import time
+from pathlib import Path
+
+from transformers import AutoModelForSeq2SeqLM, AutoTokenizer, TrainerCallback
+
+from vanilla_transformer.data.corpora import load_parallel_text_files
+from vanilla_transformer.training import check_run_can_start, evaluate_bleu, parse_training_args, run
+from vanilla_transformer.training.arguments import native_bf16
+from vanilla_transformer.training.run import write_model_card
+
+ROOT = Path(__file__).resolve().parents[2]
+MULTI30K = ROOT.parent / "shared" / "data" / "multi30k"
+logger = logging.getLogger("multi30k_en_de")
+
+# The recipe, chosen on the validation set (scripts/recipes/README.md has the runs behind each choice).
+RECIPE = dict(preset="small", vocab_size=6000, max_tokens_per_batch=2000, noam_warmup_steps=800, noam_factor=0.7,
+              max_steps=2100, save_steps=105, average_last_checkpoints=5, eval_steps=525, num_beams=4,
+              config_overrides="dropout=0.2,attention_dropout=0.1,activation_dropout=0.1")
+
+
+def recipe_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--output_dir", type=Path, default=ROOT / "runs" / "multi30k")
+    parser.add_argument("--data_dir", type=Path, default=MULTI30K, help="train.{en,de} and val.{en,de}")
+    parser.add_argument("--test_source_file", type=Path, action="append", default=[],
+                        help="a held-out English file to translate and score (repeatable)")
+    parser.add_argument("--test_target_file", type=Path, action="append", default=[],
+                        help="its German references, in the same order as --test_source_file")
+    parser.add_argument("--precision", choices=("auto", "bf16", "fp32"), default="auto")
+    return parser
+
+
+def data_flags(parser, recipe) -> list[str]:
+    """train.py's data flags, each file checked before anything is written."""
+    flags = []
+    for split, stem in (("train", "train"), ("validation", "val")):
+        for side, lang in (("source", "en"), ("target", "de")):
+            path = recipe.data_dir / f"{stem}.{lang}"
+            if not path.is_file():
+                parser.error(f"--data_dir {recipe.data_dir} has no {path.name}: it needs train.en, train.de, val.en "
+                             "and val.de (line-aligned text)")
+            flags += [f"--{split}_{side}_file", str(path)]
+    if len(recipe.test_source_file) != len(recipe.test_target_file):
+        parser.error(f"give --test_source_file and --test_target_file in pairs: got {len(recipe.test_source_file)} "
+                     f"source and {len(recipe.test_target_file)} target files")
+    for flag in ("test_source_file", "test_target_file"):
+        for path in getattr(recipe, flag):
+            if not path.is_file():
+                parser.error(f"--{flag} {path}: no such file")
+    return flags
+
+
+def precision_flags(precision: str, passthrough: list[str]) -> list[str]:
+    if "--bf16" in passthrough or "--fp16" in passthrough:
+        return []  # asked for on the command line: train.py's flag wins
+    bf16 = native_bf16() if precision == "auto" else precision == "bf16"
+    logger.warning("Precision: %s%s.", "bf16 autocast (float32 weights and loss)" if bf16 else "float32",
+                   "" if precision != "auto" else " (this machine " + ("multiplies bf16 natively)" if bf16 else
+                                                                      "has no native bf16 matrix multiply)"))
+    return ["--bf16"] if bf16 else []
+
+
+class WallClock(TrainerCallback):
+    """Minutes since the recipe started, written into every log entry (for BLEU against wall-clock time)."""
+
+    def __init__(self, start: float):
+        self.start = start
+
+    def on_log(self, args, state, control, logs=None, **kwargs):
+        if state.log_history:
+            state.log_history[-1]["minutes"] = (time.time() - self.start) / 60
+
+
+def main(argv=None) -> dict:
+    start = time.time()
+    parser = recipe_parser()
+    recipe, passthrough = parser.parse_known_args(argv)
+    flags = [
+        "--output_dir", str(recipe.output_dir), "--preset", RECIPE["preset"], "--vocab_size", str(RECIPE["vocab_size"]),
+        "--config_overrides", RECIPE["config_overrides"], "--max_tokens_per_batch", str(RECIPE["max_tokens_per_batch"]),
+        "--noam_warmup_steps", str(RECIPE["noam_warmup_steps"]), "--noam_factor", str(RECIPE["noam_factor"]),
+        "--max_steps", str(RECIPE["max_steps"]), "--save_strategy", "steps", "--save_steps", str(RECIPE["save_steps"]),
+        "--save_total_limit", str(RECIPE["average_last_checkpoints"]),
+        "--average_last_checkpoints", str(RECIPE["average_last_checkpoints"]),
+        # During training a greedy pass over the validation set draws the curve; the final model decodes with beam.
+        "--eval_strategy", "steps", "--eval_steps", str(RECIPE["eval_steps"]), "--generation_num_beams", "1",
+        "--per_device_eval_batch_size", "128", "--logging_steps", "25", "--report_to", "none",
+        *data_flags(parser, recipe), *precision_flags(recipe.precision, passthrough), *passthrough,
+    ]
+    model_args, data, recipe_args, args = parse_training_args(flags)
+    check_run_can_start(recipe_args, args)
+    results = run(model_args, data, recipe_args, args, callbacks=[WallClock(start)])
+    if not args.should_save:  # the other processes of a distributed run: the main one writes the folder
+        return results
+
+    folder = Path(args.output_dir)
+    held_out = []
+    if recipe.test_source_file:
+        model = AutoModelForSeq2SeqLM.from_pretrained(folder).to(args.device)
+        tokenizer = AutoTokenizer.from_pretrained(folder)
+        for source, target in zip(recipe.test_source_file, recipe.test_target_file):
+            split = load_parallel_text_files(source, target, "en", "de")
+            scores, translations = evaluate_bleu(model, tokenizer, split, data, args.per_device_eval_batch_size)
+            held_out.append({**scores, "dataset_name": f"{source.stem} ({source.name}, {target.name})"})
+            (folder / f"{source.stem}_translations.txt").write_text("".join(t + "\n" for t in translations),
+                                                                    encoding="utf-8")
+        results["held_out"] = held_out
+    results["minutes"] = (time.time() - start) / 60
+    (folder / "results.json").write_text(json.dumps(results, indent=2, default=str))
+    write_model_card(folder, model_args, data, results, held_out)
+    plot_bleu_curve(folder, results)
+    print(json.dumps({"output_dir": str(folder), "minutes": round(results["minutes"], 1),
+                      "validation_bleu": results["validation"]["bleu"],
+                      "bleu_signature": results["validation"]["bleu_signature"],
+                      "held_out_bleu": {h["dataset_name"]: h["bleu"] for h in held_out}}, indent=2))
+    return results
+
+
+def plot_bleu_curve(folder: Path, results: dict):
+    """validation_bleu.png: the greedy evaluations during training and the final averaged model, against minutes."""
+    from vanilla_transformer.tools.plots import plot_bleu_over_time
+
+    state = sorted(folder.glob("checkpoint-*/trainer_state.json"), key=lambda p: int(p.parent.name.split("-")[1]))
+    history = json.loads(state[-1].read_text())["log_history"] if state else []
+    points = [(entry["minutes"], entry["eval_bleu"]) for entry in history if "eval_bleu" in entry and "minutes" in entry]
+    plot_bleu_over_time(points, folder / "validation_bleu.png", title="Multi30k en→de, validation sacreBLEU",
+                        final=(results["minutes"], results["validation"]["bleu"]))
+
+
+if __name__ == "__main__":
+    main()
