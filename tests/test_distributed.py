@@ -87,7 +87,7 @@ def _run(launcher: list[str], output_dir: Path, args: list[str], base: list[str]
         process.wait(timeout=RUN_TIMEOUT)
     finally:
         _kill(process)
-    log = (output_dir.parent / f"{output_dir.name}.log").read_text()
+    log = (output_dir.parent / f"{output_dir.name}.log").read_text(errors="replace")
     assert process.returncode == 0, f"{' '.join(command)} failed ({process.returncode}):\n{log[-6000:]}"
     return output_dir
 
@@ -224,7 +224,7 @@ def test_fsdp2_on_cpu_checkpoint_reloads_into_plain_model(tmp_path):
         process.wait(timeout=RUN_TIMEOUT)
     finally:
         _kill(process)
-    assert process.returncode == 0, (tmp_path / "fsdp.log").read_text()[-6000:]
+    assert process.returncode == 0, (tmp_path / "fsdp.log").read_text(errors="replace")[-6000:]
     reports = [json.loads((out / f"report_rank{r}.json").read_text()) for r in range(2)]
     config = fsdp_cpu.config()
     assert reports[0]["fsdp_units"] == config.encoder_layers + config.decoder_layers
@@ -311,7 +311,7 @@ def test_resume_after_sigkill_matches_uninterrupted(runs_dir):
     deadline = time.monotonic() + RUN_TIMEOUT
     try:
         while not is_complete(first, 2):
-            assert process.poll() is None, (runs_dir / "killed.log").read_text()[-6000:]
+            assert process.poll() is None, (runs_dir / "killed.log").read_text(errors="replace")[-6000:]
             assert time.monotonic() < deadline, "no checkpoint in time"
             time.sleep(0.02)
     finally:

@@ -46,7 +46,7 @@ def test_the_wheel_carries_the_model_card_template_and_every_other_data_file(ins
     wheel, _ = installed
     names = set(zipfile.ZipFile(wheel).namelist())
     data = package_data_files()
-    assert "vanilla_transformer/model_card_template.md" in data
+    assert "vanilla_transformer/tools/model_card_template.md" in data
     assert data <= names, sorted(data - names)
 
 

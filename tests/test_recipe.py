@@ -22,7 +22,9 @@ ROOT = Path(__file__).resolve().parents[1]
 
 def recipe(absent_multi30k: Path) -> dict:
     namespace = runpy.run_path(str(ROOT / "scripts" / "recipes" / "wmt14_en_de.py"), run_name="recipe")
-    namespace["MULTI30K"] = absent_multi30k  # the built-in task: the test must not depend on shared data
+    # The built-in task: the test must not depend on shared data. run_path returns a copy of the module's
+    # globals, so the functions' own globals are the ones to change.
+    namespace["main"].__globals__["MULTI30K"] = absent_multi30k
     return namespace
 
 
