@@ -36,7 +36,7 @@ demo: $(VENV)/.installed
 	$(VENV)/bin/python scripts/demo.py --output_dir demo_output
 
 bench: $(VENV)/.installed
-	$(VENV)/bin/python scripts/benchmarks/benchmark.py
+	$(VENV)/bin/python -m scripts.benchmarks.benchmark
 
 clean:
 	rm -rf $(VENV) $(OLDEST) demo_output

@@ -73,7 +73,7 @@ fi
 
 # Hard stop well inside the 8-minute budget (the Python side also skips sections past --budget_s).
 status=0
-timeout --signal=TERM --kill-after=10 470 "$py" scripts/benchmarks/device_check.py "$@" || status=$?
+timeout --signal=TERM --kill-after=10 470 "$py" -m scripts.benchmarks.device_check "$@" || status=$?
 if (( status == 124 )); then
     echo "device_check: stopped after 470 s." >&2
 fi

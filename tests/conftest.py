@@ -11,10 +11,6 @@ from pathlib import Path  # noqa: E402
 import pytest  # noqa: E402
 import torch  # noqa: E402
 
-# The measurement toolkit (scripts/benchmarks/) is not part of the package; its modules import each other by name.
-BENCHMARKS = Path(__file__).resolve().parents[1] / "scripts" / "benchmarks"
-sys.path.insert(0, str(BENCHMARKS))
-
 # The test models are tiny: one thread is faster than two fighting over small kernels, and deterministic.
 torch.set_num_threads(1)
 

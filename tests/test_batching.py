@@ -12,7 +12,7 @@ from transformers import DataCollatorForSeq2Seq
 
 from conftest import VOCAB, tiny_model, tiny_tokenizer
 from vanilla_transformer.data import batching
-from batching_throughput import padding_stats
+from scripts.benchmarks.batching_throughput import padding_stats
 from vanilla_transformer.data.batching import TokenBucketBatchSampler, TranslationDataCollator, batch_cost
 from vanilla_transformer.training import PaperTrainer, TranslationTrainingArguments
 

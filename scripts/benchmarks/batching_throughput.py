@@ -1,7 +1,7 @@
 """§5.1 token-based batching, measured: real (non-pad) tokens per second of training steps on Multi30k en->de
 with `TokenBucketBatchSampler` against random fixed-size batches of the same mean size.
 
-    python scripts/benchmarks/batching_throughput.py     # writes scripts/benchmarks/results/batching_multi30k.*
+    python -m scripts.benchmarks.batching_throughput     # writes scripts/benchmarks/results/batching_multi30k.*
 """
 
 import argparse
@@ -13,7 +13,7 @@ from collections.abc import Sequence
 
 import numpy as np
 import torch
-from toolkit import load_multi30k, multi30k_missing, shared_tokenizer_for, write_report
+from .toolkit import load_multi30k, multi30k_missing, shared_tokenizer_for, write_report
 from transformers import DataCollatorForSeq2Seq, set_seed
 
 from vanilla_transformer.data.batching import TokenBucketBatchSampler, example_lengths
@@ -145,7 +145,7 @@ def main(argv=None):
         return None
     results = benchmark_multi30k(args.data_dir, args.max_tokens, args.steps, args.warmup, args.preset,
                                  threads=args.threads, seed=args.seed)
-    command = shlex.join(["python", "scripts/benchmarks/batching_throughput.py", *(sys.argv[1:] if argv is None else argv)])
+    command = shlex.join(["python", "-m", "scripts.benchmarks.batching_throughput", *(sys.argv[1:] if argv is None else argv)])
     write_benchmark(results, args.output, command)
     print(f"token buckets / random, real tokens per second: {results['speedup_real_tokens_per_second']:.2f}x")
     return results

@@ -1,10 +1,10 @@
-"""Benchmark ours against Marian (same shape) and a textbook no-cache decoder (`make bench`); see peers.py.
+"""Benchmark ours against Marian (same shape) and a textbook no-cache decoder (`make bench`); see peers.py (the run), workloads.py, floors.py, memory.py, report.py.
 
-    python scripts/benchmarks/benchmark.py              # preset small, results into scripts/benchmarks/results/
-    python scripts/benchmarks/benchmark.py --preset base --repeats 3
-    python scripts/benchmarks/benchmark.py --quick      # seconds: checks the plumbing, numbers mean nothing
-    python scripts/benchmarks/benchmark.py --profile --threads 1   # operator and Python profiles of ours vs Marian
-    python scripts/benchmarks/benchmark.py --render scripts/benchmarks/results/results_small.json   # re-render only
+    python -m scripts.benchmarks.benchmark              # preset small, results into scripts/benchmarks/results/
+    python -m scripts.benchmarks.benchmark --preset base --repeats 3
+    python -m scripts.benchmarks.benchmark --quick      # seconds: checks the plumbing, numbers mean nothing
+    python -m scripts.benchmarks.benchmark --profile --threads 1   # operator and Python profiles of ours vs Marian
+    python -m scripts.benchmarks.benchmark --render scripts/benchmarks/results/results_small.json   # re-render only
 """
 
 import argparse
@@ -16,7 +16,10 @@ from pathlib import Path
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
-from peers import BenchmarkSpec, profile_ours, render_markdown, run_benchmark, target_verdicts, write_results  # noqa: E402
+from .peers import run_benchmark, verdicts  # noqa: E402
+from .profiling import profile_ours  # noqa: E402
+from .report import render_markdown, write_results  # noqa: E402
+from .workloads import BenchmarkSpec  # noqa: E402
 
 from vanilla_transformer.configuration_vanilla_transformer import PRESETS  # noqa: E402
 
@@ -46,7 +49,7 @@ def main():
     args = parser.parse_args()
     if args.render:
         results = json.loads(args.render.read_text())
-        results["targets"] = target_verdicts(results)
+        results["verdicts"] = verdicts(results)
         paths = write_results(results, args.render.parent)
         print("wrote " + ", ".join(str(p) for p in paths.values()))
         return

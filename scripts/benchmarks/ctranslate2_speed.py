@@ -22,11 +22,10 @@ from pathlib import Path
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 import torch  # noqa: E402
-from quality_parity import copy_our_weights_into_marian  # noqa: E402
-from toolkit import environment, load_multi30k, multi30k_missing, time_interleaved, write_report  # noqa: E402
+from .toolkit import environment, load_multi30k, multi30k_missing, time_interleaved, write_report  # noqa: E402
 from transformers import AutoModelForSeq2SeqLM, AutoTokenizer, GenerationConfig, MarianMTModel  # noqa: E402
 
-from vanilla_transformer.tools.conversion import marian_config_like  # noqa: E402
+from vanilla_transformer.tools.conversion import copy_weights_into_marian, marian_config_like  # noqa: E402
 from vanilla_transformer.tools.export import export_ctranslate2, translate_ctranslate2  # noqa: E402
 from vanilla_transformer.training.metrics import corpus_scores  # noqa: E402
 from vanilla_transformer.tools.translation import translate  # noqa: E402
@@ -90,7 +89,7 @@ def main(argv=None):
     ours = AutoModelForSeq2SeqLM.from_pretrained(args.model).eval()
     tokenizer = AutoTokenizer.from_pretrained(args.model)
     marian = MarianMTModel(marian_config_like(ours.config)).eval()
-    copy_our_weights_into_marian(ours, marian)
+    copy_weights_into_marian(ours, marian)
     raw = load_multi30k(args.data_dir)["validation"]["translation"]
     sources, references = [p["en"] for p in raw], [p["de"] for p in raw]
     work = Path(tempfile.mkdtemp(prefix="vt_ct2_"))

@@ -21,8 +21,8 @@ function to float rounding), so the comparison isolates the forward/backward cod
 The two runs can train side by side in two processes with one thread each (`parallel=True`): on a shared
 CPU that is faster than one after the other and both see the same machine load.
 
-    python scripts/benchmarks/quality_parity.py                       # writes scripts/benchmarks/results/parity_*
-    python scripts/benchmarks/quality_parity.py --preset tiny --max_steps 50 --output_dir /tmp/p   # a smoke run
+    python -m scripts.benchmarks.quality_parity                       # writes scripts/benchmarks/results/parity_*
+    python -m scripts.benchmarks.quality_parity --preset tiny --max_steps 50 --output_dir /tmp/p   # a smoke run
 
 Skips (exit status 0, with the reason) where ../shared/data/multi30k is absent.
 """
@@ -44,7 +44,7 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")  # everything here is built locally
 
 import torch  # noqa: E402
 from datasets import DatasetDict, load_from_disk  # noqa: E402
-from toolkit import load_multi30k, multi30k_missing, shared_tokenizer_for, write_report  # noqa: E402
+from .toolkit import load_multi30k, multi30k_missing, shared_tokenizer_for, write_report  # noqa: E402
 from transformers import (  # noqa: E402
     AutoTokenizer,
     DataCollatorForSeq2Seq,
@@ -59,7 +59,7 @@ from vanilla_transformer.configuration_vanilla_transformer import VanillaTransfo
 from vanilla_transformer.tools.conversion import (  # noqa: E402
     marian_config_like,
     state_dict_from_marian,
-    state_dict_to_marian,
+    copy_weights_into_marian,
 )
 from vanilla_transformer.data.corpora import tokenize_parallel  # noqa: E402
 from vanilla_transformer.training.metrics import corpus_scores  # noqa: E402
@@ -104,16 +104,6 @@ class ParitySettings:
     threads_per_model: int = 1
 
 
-def copy_our_weights_into_marian(ours: VanillaTransformerForConditionalGeneration, marian: MarianMTModel) -> None:
-    """Load our weights into Marian, undoing the residual-stream permutation of `conversion.state_dict_from_marian`."""
-    missing, unexpected = marian.load_state_dict(state_dict_to_marian(ours.state_dict(), ours.config.d_model),
-                                                 strict=False)
-    # Marian's position tables and zero logits bias are buffers it computes itself.
-    missing = [name for name in missing if not name.endswith(("embed_positions.weight", "final_logits_bias"))]
-    if missing or unexpected:
-        raise ValueError(f"Weights do not map onto Marian: missing {missing}, unexpected {unexpected}.")
-
-
 def label_smoothed_loss_func(epsilon: float):
     """Trainer `compute_loss_func` for Marian: our model's own loss, `label_smoothed_cross_entropy`."""
 
@@ -155,7 +145,7 @@ def _build_model(kind: str, config: VanillaTransformerConfig, settings: ParitySe
     set_seed(settings.seed)
     marian = MarianMTModel(marian_config_like(config))
     if settings.init == "ours":
-        copy_our_weights_into_marian(ours, marian)
+        copy_weights_into_marian(ours, marian)
     elif settings.init == "marian":
         missing, unexpected = ours.load_state_dict(state_dict_from_marian(marian.state_dict(), config.d_model),
                                                    strict=False)
@@ -351,7 +341,7 @@ def main(argv=None):
         print(f"skipped: {reason}")
         return None
     results = run_parity(settings)
-    command = shlex.join(["python", "scripts/benchmarks/quality_parity.py", *(sys.argv[1:] if argv is None else argv)])
+    command = shlex.join(["python", "-m", "scripts.benchmarks.quality_parity", *(sys.argv[1:] if argv is None else argv)])
     stem = Path(settings.output_dir) / settings.report_name
     stem.parent.mkdir(parents=True, exist_ok=True)
     png = plot_parity(results, stem.with_suffix(".png"))

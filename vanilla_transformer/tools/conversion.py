@@ -120,6 +120,17 @@ def state_dict_to_marian(state_dict: dict[str, torch.Tensor], d_model: int) -> d
             else tensor.reshape(1, -1).clone() for name, tensor in state_dict.items()}
 
 
+def copy_weights_into_marian(model: VanillaTransformerForConditionalGeneration, marian: MarianMTModel) -> None:
+    """Load our model's weights into a `MarianMTModel` of the same shape (`marian_config_like`), undoing the
+    residual-stream permutation: the two then compute the same function (the benchmarks' like-for-like peer)."""
+    missing, unexpected = marian.load_state_dict(state_dict_to_marian(model.state_dict(), model.config.d_model),
+                                                 strict=False)
+    # Marian's position tables and zero logits bias are buffers it computes itself.
+    missing = [name for name in missing if not name.endswith(("embed_positions.weight", "final_logits_bias"))]
+    if missing or unexpected:
+        raise ValueError(f"Our weights do not map onto this Marian model: missing {missing}, unexpected {unexpected}.")
+
+
 def _permute(name: str, tensor: torch.Tensor, permutation: torch.Tensor) -> torch.Tensor:
     reads_stream = ("shared.weight", "embed_tokens.weight", "lm_head.weight",
                     "q_proj.weight", "k_proj.weight", "v_proj.weight", "fc1.weight")
@@ -195,5 +206,5 @@ def verify_against_marian(marian: MarianMTModel, converted: VanillaTransformerFo
     return check_close(expected, actual, "The converted model's logits", how_to_skip="--no_verify (verify=False)")
 
 
-__all__ = ["marian_config_like", "convert_marian", "verify_against_marian", "config_from_marian", "state_dict_from_marian", "state_dict_to_marian",
+__all__ = ["marian_config_like", "convert_marian", "verify_against_marian", "copy_weights_into_marian", "config_from_marian", "state_dict_from_marian", "state_dict_to_marian",
            "has_logits_bias", "residual_permutation"]

@@ -1,0 +1,1 @@
+"""The command-line tools (run from the repository root); `scripts.benchmarks` is the measurement toolkit."""

@@ -1,0 +1,110 @@
+"""Peak memory of a workload: the growth of the process' resident set above where it stood before, each system
+in a fresh subprocess (see `measure_memory`)."""
+
+from __future__ import annotations
+
+import dataclasses
+import gc
+import json
+import os
+import subprocess
+import sys
+from collections.abc import Callable
+from pathlib import Path
+
+from .workloads import BenchmarkSpec, SYSTEMS, TextbookDecoder, build_models, generate_fixed_length, make_train_step, source_batch, training_batch
+
+import torch
+
+
+
+# Linux counts resident pages per thread in batches of up to 64 pages (256 KiB) before updating the process
+# total, so peaks closer than this are a tie.
+MEMORY_RESOLUTION_MIB = 1.0
+MIB = 2**20
+
+
+def _rss_kib(field: str) -> int:
+    with open("/proc/self/status") as status:
+        for line in status:
+            if line.startswith(field + ":"):
+                return int(line.split()[1])
+    raise RuntimeError(f"/proc/self/status has no {field}")
+
+
+def peak_growth_mib(fn: Callable) -> float:
+    """How far the resident set grows above where it stood before `fn`, at its highest, in MiB.
+
+    Linux resets a process's high-water mark (VmHWM) when "5" is written to /proc/self/clear_refs, so the mark
+    read after `fn` is the peak of `fn` alone. Run it where glibc returns freed blocks to the system (see
+    `measure_memory`), or memory freed earlier and reused would hide part of the peak."""
+    gc.collect()
+    with open("/proc/self/clear_refs", "w") as clear_refs:
+        clear_refs.write("5")
+    before = _rss_kib("VmRSS")
+    fn()
+    # Linux batches per-thread RSS counters (up to 64 pages each), so a flat workload can read slightly negative.
+    return max(0.0, (_rss_kib("VmHWM") - before) / 1024)
+
+
+def memory_workloads(spec: BenchmarkSpec, system: str) -> dict[str, float]:
+    """Peak growth of each workload of one system, each after a warm-up call (the training warm-up also creates
+    AdamW's state, so the measured step holds parameters and optimizer state before it starts and counts
+    gradients, activations and temporaries)."""
+    torch.set_num_threads(spec.threads)
+    models = build_models(spec)
+    config = models["ours"].config
+    model = models["marian" if system == "marian" else "ours"]
+    del models
+    source = source_batch(spec, config, spec.generation_batch_size)
+    results = {}
+    if system != "textbook":
+        step = make_train_step(model, training_batch(spec, config))
+        step()
+        results["train"] = peak_growth_mib(step)
+    for workload, beams in (("greedy", 1), ("beam", spec.num_beams)):
+        if system == "textbook":
+            decoder = TextbookDecoder(model)
+            run = lambda n, b=beams: decoder.decode(**source, new_tokens=n, num_beams=b)  # noqa: E731
+        else:
+            run = lambda n, b=beams: generate_fixed_length(model, **source, new_tokens=n, num_beams=b)  # noqa: E731
+        run(min(2, spec.new_tokens))
+        results[workload] = peak_growth_mib(lambda r=run: r(spec.new_tokens))
+    return results
+
+
+def memory_worker():
+    """Entry point of the measuring subprocess: a spec and systems as JSON on stdin, results as JSON on stdout."""
+    request = json.loads(sys.stdin.read())
+    spec = BenchmarkSpec(**request["spec"])
+    print(json.dumps({system: memory_workloads(spec, system) for system in request["systems"]}))
+
+
+def memory_method_available() -> bool:
+    return os.access("/proc/self/clear_refs", os.W_OK) and os.path.exists("/proc/self/status")
+
+
+def measure_memory(spec: BenchmarkSpec, systems=SYSTEMS) -> dict[str, dict[str, float]]:
+    """Peak resident-memory growth per workload and system, in MiB.
+
+    torch's CPU tensors come from glibc malloc, which `tracemalloc` does not see and torch keeps no statistics
+    on, so we measure the process: each system runs in a fresh Python (shared by all systems only when
+    `spec.isolate_memory` is off), with glibc told to serve every block of 64 KiB or more by mmap and to give
+    it back on free. Then the resident set follows live tensor memory, and the reset high-water mark gives
+    each workload's peak."""
+    if not memory_method_available():
+        raise RuntimeError("Peak-memory measurement needs Linux's /proc/self/clear_refs and /proc/self/status.")
+    env = {**os.environ, "MALLOC_MMAP_THRESHOLD_": "65536", "MALLOC_TRIM_THRESHOLD_": "0", "MALLOC_TOP_PAD_": "0",
+           "HF_HUB_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false"}
+    groups = [[s] for s in systems] if spec.isolate_memory else [list(systems)]
+    results = {}
+    for group in groups:
+        request = json.dumps({"spec": dataclasses.asdict(spec), "systems": group})
+        done = subprocess.run(
+            [sys.executable, "-c", "from scripts.benchmarks.peers import memory_worker; memory_worker()"],
+            input=request, capture_output=True, text=True, env=env, check=False, cwd=Path(__file__).resolve().parents[2],
+        )
+        if done.returncode != 0:
+            raise RuntimeError(f"The memory subprocess for {group} failed:\n{done.stderr[-4000:]}")
+        results.update(json.loads(done.stdout.strip().splitlines()[-1]))
+    return results

@@ -1,0 +1,249 @@
+"""The workloads the benchmarks time, and the systems that run them: `BenchmarkSpec` (what to measure), our model
+and `MarianMTModel` built to the same shape (the closest in-tree peer), synthetic right-padded batches, the
+training step, fixed-length decoding through `generate()`, and `TextbookDecoder`, which decodes as the tutorials
+do (the whole decoder re-run over the growing prefix at every step, no cache) on our model's weights."""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from collections.abc import Callable
+
+import torch
+import torch.nn.functional as F
+from .toolkit import cores
+from transformers import GenerationConfig, MarianMTModel
+
+from vanilla_transformer.configuration_vanilla_transformer import PRESETS, VanillaTransformerConfig
+from vanilla_transformer.tools.conversion import marian_config_like
+from vanilla_transformer.modeling_vanilla_transformer import VanillaTransformerForConditionalGeneration
+
+
+# A vocabulary per preset: a small BPE for the CPU presets, the paper's shared 37k BPE (§5.1) for Table 3's.
+DEFAULT_VOCAB = {"tiny": 1000, "small": 8000, "base": 37000, "big": 37000}
+SYSTEMS = ("ours", "marian", "textbook")
+
+
+@dataclasses.dataclass
+class BenchmarkSpec:
+    """What to measure. `quick()` is a seconds-long run that checks the plumbing, not the speed."""
+
+    preset: str = "small"
+    vocab_size: int | None = None  # None: DEFAULT_VOCAB[preset]
+    batch_size: int = 32  # training batch
+    source_length: int = 32  # longest source; lengths are drawn from [source_length // 2, source_length]
+    target_length: int = 32  # longest training target, drawn the same way
+    generation_batch_size: int = 16
+    new_tokens: int = 30  # decoded tokens per sentence, exactly (eos suppressed)
+    num_beams: int = 4
+    curve_lengths: tuple[int, ...] = (10, 30, 100)  # beam search vs the textbook decoder at these output lengths
+    curve_batch_size: int | None = None  # None: generation_batch_size, so the curve's 30 matches the table's beam row
+    curve_repeats: int | None = None  # None: min(repeats, 2); the 100-token textbook point is the run's costliest
+    repeats: int = 5
+    warmup: int = 1
+    threads: int | None = None  # None: every core this process may run on
+    matmul_size: int = 2048
+    memory: bool = True
+    # The training step under torch.compile too (what Trainer --torch_compile runs); quick mode uses aot_eager,
+    # since inductor's C++ code generation takes a minute per model on a small CPU.
+    compile_backend: str | None = "inductor"
+    isolate_memory: bool = True  # one fresh subprocess per system; quick mode shares one to save start-up time
+    seed: int = 0
+
+    @classmethod
+    def quick(cls, **overrides) -> "BenchmarkSpec":
+        values = dict(preset="tiny", batch_size=4, source_length=8, target_length=8, generation_batch_size=2,
+                      new_tokens=4, curve_lengths=(2, 4), curve_batch_size=2, repeats=1, warmup=0, matmul_size=128,
+                      threads=1, isolate_memory=False, compile_backend="aot_eager")
+        return cls(**{**values, **overrides})
+
+    def __post_init__(self):
+        if self.preset not in PRESETS:
+            raise ValueError(f"Unknown preset {self.preset!r}; choose one of {sorted(PRESETS)}.")
+        self.curve_lengths = tuple(self.curve_lengths)
+        if self.vocab_size is None:
+            self.vocab_size = DEFAULT_VOCAB[self.preset]
+        if self.curve_batch_size is None:
+            self.curve_batch_size = self.generation_batch_size
+        if self.curve_repeats is None:
+            self.curve_repeats = min(self.repeats, 2)
+        if self.threads is None:
+            self.threads = cores()
+        sizes = dict(vocab_size=self.vocab_size, batch_size=self.batch_size, source_length=self.source_length,
+                     target_length=self.target_length, generation_batch_size=self.generation_batch_size,
+                     new_tokens=self.new_tokens, num_beams=self.num_beams, curve_batch_size=self.curve_batch_size,
+                     curve_repeats=self.curve_repeats, repeats=self.repeats, threads=self.threads,
+                     matmul_size=self.matmul_size)
+        for name, value in sizes.items():
+            if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+                raise ValueError(f"`{name}` must be a positive int, got {value!r}.")
+        if self.vocab_size < 5:
+            raise ValueError("`vocab_size` must leave room for ids past the 4 special tokens.")
+        if not self.curve_lengths or any(n < 1 for n in self.curve_lengths):
+            raise ValueError(f"`curve_lengths` must be positive ints, got {self.curve_lengths!r}.")
+
+
+# Models -------------------------------------------------------------------------------------------------------
+
+def model_config(spec: BenchmarkSpec) -> VanillaTransformerConfig:
+    return VanillaTransformerConfig.from_preset(spec.preset, vocab_size=spec.vocab_size)
+
+
+def max_positions(spec: BenchmarkSpec) -> int:
+    longest = max(spec.source_length, spec.target_length, spec.new_tokens, *spec.curve_lengths) + 1
+    return 1 << (longest - 1).bit_length()  # Marian keeps a table of this many positions
+
+
+def build_models(spec: BenchmarkSpec) -> dict[str, torch.nn.Module]:
+    """Ours and Marian, both with SDPA attention; the textbook decoder borrows ours."""
+    config = model_config(spec)
+    torch.manual_seed(spec.seed)
+    ours = VanillaTransformerForConditionalGeneration._from_config(config, attn_implementation="sdpa")
+    torch.manual_seed(spec.seed)
+    marian = MarianMTModel._from_config(marian_config_like(config, max_positions(spec)), attn_implementation="sdpa")
+    for name, model in (("ours", ours), ("marian", marian)):
+        if model.config._attn_implementation != "sdpa":
+            raise RuntimeError(f"{name} runs {model.config._attn_implementation!r} attention, not 'sdpa'.")
+    return {"ours": ours, "marian": marian}
+
+
+def parameter_counts(model: torch.nn.Module) -> dict[str, int]:
+    """Trainable parameters (shared embeddings counted once), frozen parameters and buffers.
+
+    Marian's frozen entries are its two sinusoidal position tables (ours computes positions instead), and
+    its buffer is `final_logits_bias`; neither is trained."""
+    params = {id(p): p for p in model.parameters()}.values()
+    return {
+        "trainable": sum(p.numel() for p in params if p.requires_grad),
+        "frozen": sum(p.numel() for p in params if not p.requires_grad),
+        "buffers": sum(b.numel() for b in model.buffers()),
+    }
+
+
+# Data ---------------------------------------------------------------------------------------------------------
+
+def padded_ids(batch: int, longest: int, vocab_size: int, generator: torch.Generator, pad_id: int = 0):
+    """Ids above the 4 special tokens with random lengths in [longest // 2, longest], right-padded to the
+    longest drawn length, as a collator pads a real batch. Returns (ids, mask)."""
+    lengths = torch.randint(max(1, longest // 2), longest + 1, (batch,), generator=generator)
+    width = int(lengths.max())
+    ids = torch.randint(4, vocab_size, (batch, width), generator=generator)
+    mask = torch.arange(width)[None, :] < lengths[:, None]
+    return ids.masked_fill(~mask, pad_id), mask.long()
+
+
+def training_batch(spec: BenchmarkSpec, config: VanillaTransformerConfig, seed: int | None = None) -> dict:
+    generator = torch.Generator().manual_seed(spec.seed + 1 if seed is None else seed)
+    input_ids, attention_mask = padded_ids(spec.batch_size, spec.source_length, config.vocab_size, generator,
+                                           config.pad_token_id)
+    labels, label_mask = padded_ids(spec.batch_size, spec.target_length, config.vocab_size, generator)
+    labels = labels.masked_fill(label_mask == 0, -100)
+    return {"input_ids": input_ids, "attention_mask": attention_mask, "labels": labels}
+
+
+def source_batch(spec: BenchmarkSpec, config: VanillaTransformerConfig, batch: int, seed: int | None = None) -> dict:
+    generator = torch.Generator().manual_seed(spec.seed + 2 if seed is None else seed)
+    input_ids, attention_mask = padded_ids(batch, spec.source_length, config.vocab_size, generator,
+                                           config.pad_token_id)
+    return {"input_ids": input_ids, "attention_mask": attention_mask}
+
+
+# Workloads ----------------------------------------------------------------------------------------------------
+
+def make_train_step(model: torch.nn.Module, batch: dict, lr: float = 1e-4) -> Callable[[], float]:
+    """One optimizer step as a training loop runs it, dropout on: zero the gradients, forward with labels
+    (each model's own loss: ours is label-smoothed, Marian's plain cross-entropy), backward, AdamW."""
+    optimizer = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=lr)
+
+    def step() -> float:
+        model.train()
+        optimizer.zero_grad(set_to_none=True)
+        loss = model(**batch).loss
+        loss.backward()
+        optimizer.step()
+        return loss.item()
+
+    return step
+
+
+def fixed_length_generation_config(model: torch.nn.Module, new_tokens: int, num_beams: int,
+                                   **options) -> GenerationConfig:
+    """Exactly `new_tokens` tokens: eos is suppressed until the budget is spent, so all systems do equal work.
+    Beam search uses the paper's length penalty 0.6 (§6.1); at a fixed length it cannot change the ranking.
+    `options` go to the GenerationConfig as well (e.g. `cache_implementation="static"`, `compile_config`)."""
+    config = model.config
+    # Greedy states the global default so that our model's beam-search length penalty is not merged in.
+    extra = dict(length_penalty=0.6, early_stopping=False) if num_beams > 1 else dict(length_penalty=1.0)
+    return GenerationConfig(
+        num_beams=num_beams, do_sample=False, min_new_tokens=new_tokens, max_new_tokens=new_tokens, use_cache=True,
+        decoder_start_token_id=config.decoder_start_token_id, bos_token_id=config.bos_token_id,
+        eos_token_id=config.eos_token_id, pad_token_id=config.pad_token_id, **extra, **options,
+    )
+
+
+def generate_fixed_length(model, input_ids, attention_mask, new_tokens: int, num_beams: int = 1,
+                          **options) -> torch.Tensor:
+    model.eval()
+    config = fixed_length_generation_config(model, new_tokens, num_beams, **options)
+    return model.generate(input_ids=input_ids, attention_mask=attention_mask, generation_config=config)
+
+
+class TextbookDecoder:
+    """Decoding as the tutorials write it, on our model's weights: the Annotated Transformer's `greedy_decode`
+    (encode once; at every step run the decoder over the whole prefix, no key/value cache, and project only
+    the last position) and the same loop widened to a beam. Like `generate_fixed_length` it decodes exactly
+    `new_tokens` tokens with eos suppressed, and ranks beams as generate() does (log-softmax over the whole
+    vocabulary, then eos masked), so on the same weights it returns the same tokens as our cached decoding."""
+
+    def __init__(self, model: VanillaTransformerForConditionalGeneration):
+        self.model = model
+        self.start_id = model.config.decoder_start_token_id
+        self.eos_id = model.config.eos_token_id
+
+    def _encode(self, input_ids, attention_mask):
+        return self.model.get_encoder()(input_ids=input_ids, attention_mask=attention_mask).last_hidden_state
+
+    def _next_log_probs(self, memory, attention_mask, prefix):
+        hidden = self.model.get_decoder()(
+            input_ids=prefix, encoder_hidden_states=memory, encoder_attention_mask=attention_mask, use_cache=False,
+        ).last_hidden_state[:, -1]
+        log_probs = F.log_softmax(self.model.lm_head(hidden).float(), dim=-1)
+        if self.eos_id is not None:
+            log_probs[:, self.eos_id] = -math.inf
+        return log_probs
+
+    @torch.no_grad()
+    def greedy(self, input_ids, attention_mask, new_tokens: int) -> torch.Tensor:
+        self.model.eval()
+        memory = self._encode(input_ids, attention_mask)
+        prefix = input_ids.new_full((input_ids.shape[0], 1), self.start_id)
+        for _ in range(new_tokens):
+            next_ids = self._next_log_probs(memory, attention_mask, prefix).argmax(dim=-1, keepdim=True)
+            prefix = torch.cat([prefix, next_ids], dim=1)
+        return prefix
+
+    @torch.no_grad()
+    def beam(self, input_ids, attention_mask, new_tokens: int, num_beams: int = 4) -> torch.Tensor:
+        self.model.eval()
+        batch = input_ids.shape[0]
+        memory = self._encode(input_ids, attention_mask).repeat_interleave(num_beams, dim=0)
+        attention_mask = attention_mask.repeat_interleave(num_beams, dim=0)
+        prefix = input_ids.new_full((batch * num_beams, 1), self.start_id)
+        scores = torch.full((batch, num_beams), -1e9, device=input_ids.device)
+        scores[:, 0] = 0.0  # all beams start identical: expand only the first one at the first step
+        offsets = (torch.arange(batch, device=input_ids.device) * num_beams)[:, None]
+        for _ in range(new_tokens):
+            log_probs = self._next_log_probs(memory, attention_mask, prefix)
+            vocab = log_probs.shape[-1]
+            candidates = (log_probs.view(batch, num_beams, vocab) + scores[:, :, None]).view(batch, -1)
+            scores, flat = candidates.topk(num_beams, dim=-1)
+            rows = (offsets + torch.div(flat, vocab, rounding_mode="floor")).flatten()
+            prefix = torch.cat([prefix[rows], (flat % vocab).view(-1, 1)], dim=1)
+        # Equal lengths: the length penalty cannot reorder, and topk left each sentence's best beam first.
+        return prefix.view(batch, num_beams, -1)[:, 0]
+
+    def decode(self, input_ids, attention_mask, new_tokens: int, num_beams: int = 1) -> torch.Tensor:
+        """Greedy for one beam, else beam search: the counterpart of `generate_fixed_length`."""
+        if num_beams == 1:
+            return self.greedy(input_ids, attention_mask, new_tokens)
+        return self.beam(input_ids, attention_mask, new_tokens, num_beams)
