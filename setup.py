@@ -21,6 +21,6 @@ setup(
     python_requires=">=3.10",
     # transformers moves its internals between minor releases: CI tests the oldest and newest we declare.
     install_requires=["torch>=2.6", "transformers>=5.23,<6", "safetensors>=0.8", "huggingface_hub>=1.31"],
-    extras_require={"train": TRAIN, "ctranslate2": CTRANSLATE2, "dev": TRAIN + CTRANSLATE2 + ["pytest>=8"]},
+    extras_require={"train": TRAIN, "ctranslate2": CTRANSLATE2, "dev": TRAIN + CTRANSLATE2 + ["pytest>=8", "setuptools>=70.1"]},
     classifiers=["Programming Language :: Python :: 3", "Topic :: Scientific/Engineering :: Artificial Intelligence"],
 )

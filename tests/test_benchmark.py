@@ -337,3 +337,14 @@ def test_peak_memory_growth_sees_an_allocation_and_nothing_else():
     sixty_four_mib = lambda: torch.ones(16 * 2**20).add_(1)  # noqa: E731  (float32: 64 MiB, touched)
     assert 60 <= peak_growth_mib(sixty_four_mib) <= 80
     assert peak_growth_mib(lambda: None) < 8
+
+
+def test_the_cpu_precision_benchmark_times_both_precisions_of_both_models(tmp_path):
+    from scripts.benchmarks.cpu_precision import main
+
+    results = main(["--preset", "tiny", "--vocab_size", "64", "--batch_size", "2", "--length", "4", "--repeats", "1",
+                    "--matmul_size", "32", "--output_dir", str(tmp_path)])
+    assert set(results["systems"]) == {"ours fp32", "ours bf16", "marian fp32", "marian bf16"}
+    assert all(row["step_s"] > 0 for row in results["systems"].values())
+    assert isinstance(results["native_bf16"], bool)
+    assert {path.name for path in tmp_path.iterdir()} == {"cpu_precision.json", "cpu_precision.md"}

@@ -49,6 +49,7 @@ def main():
     args = parser.parse_args()
     if args.render:
         results = json.loads(args.render.read_text())
+        results.pop("targets", None)  # the goal table of older runs
         results["verdicts"] = verdicts(results)
         paths = write_results(results, args.render.parent)
         print("wrote " + ", ".join(str(p) for p in paths.values()))

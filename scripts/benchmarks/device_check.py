@@ -239,10 +239,9 @@ def autocast_train_step(model, batch, optimizer, device, losses: list | None = N
 
 def adamw(model, device):
     """Trainer's default optimizer on a GPU (adamw_torch_fused) with the paper's betas and epsilon (§5.3)."""
-    import torch
+    from vanilla_transformer.training.schedule import paper_adam
 
-    return torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=1e-4, betas=(0.9, 0.98),
-                             eps=1e-9, fused=device.type == "cuda")
+    return paper_adam([p for p in model.parameters() if p.requires_grad], lr=1e-4, fused=device.type == "cuda")
 
 
 def resident_bytes(model, optimizer) -> int:

@@ -62,7 +62,7 @@ def render_markdown(results: dict) -> str:
             f"{_ms(c['ours_eager']['median_s'])}, Marian {_ms(c['marian_eager']['median_s'])}) "
             f"| {_ms(c['ours_compiled']['median_s'])} ({_x(compiled['compiled_speed_vs_eager']['ours'])} eager) "
             f"| {_ms(c['marian_compiled']['median_s'])} ({_x(compiled['compiled_speed_vs_eager']['marian'])} eager) "
-            f"| {_x(compiled['compiled_speed_vs_marian_compiled'])} | – |")
+            f"| – | {_x(compiled['compiled_speed_vs_marian_compiled'])} | – |")
     for workload, label in (("greedy", "greedy"), ("beam", f"beam-{results['beam']['num_beams']}")):
         w = results[workload]
         s = w["systems"]

@@ -150,15 +150,19 @@ def source_batch(spec: BenchmarkSpec, config: VanillaTransformerConfig, batch: i
 
 # Workloads ----------------------------------------------------------------------------------------------------
 
-def make_train_step(model: torch.nn.Module, batch: dict, lr: float = 1e-4) -> Callable[[], float]:
+def make_train_step(model: torch.nn.Module, batch: dict, lr: float = 1e-4,
+                    autocast: torch.dtype | None = None) -> Callable[[], float]:
     """One optimizer step as a training loop runs it, dropout on: zero the gradients, forward with labels
-    (each model's own loss: ours is label-smoothed, Marian's plain cross-entropy), backward, AdamW."""
+    (each model's own loss: ours is label-smoothed, Marian's plain cross-entropy), backward, AdamW. With
+    `autocast` (torch.bfloat16) the forward runs under autocast on the batch's device, as Trainer's --bf16 does."""
     optimizer = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=lr)
+    device_type = next(iter(batch.values())).device.type
 
     def step() -> float:
         model.train()
         optimizer.zero_grad(set_to_none=True)
-        loss = model(**batch).loss
+        with torch.autocast(device_type, dtype=autocast or torch.bfloat16, enabled=autocast is not None):
+            loss = model(**batch).loss
         loss.backward()
         optimizer.step()
         return loss.item()
