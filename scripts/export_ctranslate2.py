@@ -29,8 +29,8 @@ def main(argv=None):
         parser.error(f"--model {args.model}: not a saved model folder (no config.json there)")
     if Path(args.output_dir).exists() and (not Path(args.output_dir).is_dir() or any(Path(args.output_dir).iterdir())):
         parser.error(f"--output_dir {args.output_dir} exists and is not empty; it is never overwritten: choose a new folder")
-    if args.max_positions < 2:
-        parser.error(f"--max_positions must be at least 2, got {args.max_positions}")
+    if args.max_positions < 3:
+        parser.error(f"--max_positions must be at least 3, got {args.max_positions}")
     try:
         folder = export_ctranslate2(args.model, args.output_dir, quantization=args.quantization,
                                     max_positions=args.max_positions, verify=not args.no_verify)

@@ -156,7 +156,7 @@ def test_the_verification_passes_a_correct_export_of_either_layer_norm_placement
 @pytest.mark.parametrize("case, flags, message", [
     ("existing output", [], "--output_dir {output} exists and is not empty"),
     ("no model", ["--model", "{missing}"], "--model {missing}: not a saved model folder"),
-    ("max positions", ["--max_positions", "1"], "--max_positions must be at least 2, got 1"),
+    ("max positions", ["--max_positions", "2"], "--max_positions must be at least 3, got 2"),
 ])
 def test_the_command_line_refuses_by_flag_and_leaves_an_existing_folder_as_it_was(tmp_path, case, flags, message):
     model_dir, output = tmp_path / "model", tmp_path / "ct2"

@@ -234,4 +234,7 @@ def test_precision_follows_the_machine_unless_asked(monkeypatch, caplog):
         assert flags("auto", []) == []
     assert "float32 (this machine has no native bf16 matrix multiply)" in caplog.text
     monkeypatch.setitem(flags.__globals__, "native_bf16", lambda: True)
-    assert flags("auto", []) == ["--bf16"] and flags("fp32", []) == [] and flags("auto", ["--bf16"]) == []
+    assert flags("auto", [])[0] == "--bf16" and flags("fp32", []) == [] and flags("auto", ["--bf16"]) == []
+    # What the recipe passes on parses where it runs (on a CPU, Trainer wants --use_cpu with --bf16).
+    args = parse_training_args(["--output_dir", "unused", *flags("bf16", [])])[3]
+    assert args.bf16

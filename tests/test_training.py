@@ -1,6 +1,7 @@
 """scripts/train.py and the demo, shortened: a few steps end in a folder that loads and translates the same."""
 
 import json
+import math
 import runpy
 import sys
 from pathlib import Path
@@ -67,6 +68,17 @@ def test_a_learning_rate_other_than_one_is_refused_with_noam(tmp_path):
     parsed = parse(TINY_RUN + ["--output_dir", str(tmp_path / "run"), "--learning_rate", "5e-4"])
     with pytest.raises(ValueError, match="learning_rate must be 1.0"):
         run(*parsed)
+
+
+def test_another_scheduler_needs_its_own_learning_rate(tmp_path):
+    arguments = TINY_RUN + ["--output_dir", str(tmp_path / "run"), "--lr_scheduler_type", "linear"]
+    with pytest.raises(ValueError, match="--lr_scheduler_type linear takes its rate from --learning_rate, which is still 1.0"):
+        run(*parse(arguments))
+    assert not (tmp_path / "run" / "model.safetensors").exists()
+    parsed = parse(arguments + ["--learning_rate", "5e-4", "--max_steps", "2"])
+    assert not parsed[3].noam
+    results = run(*parsed)
+    assert results["train"]["steps"] == 2 and math.isfinite(results["train"]["train_loss"])
 
 
 def test_fp16_on_a_cpu_is_refused_rather_than_silently_ignored(tmp_path):

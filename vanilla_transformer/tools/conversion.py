@@ -191,7 +191,9 @@ def verify_against_marian(marian: MarianMTModel, converted: VanillaTransformerFo
     """The largest logit difference between `marian` and its conversion on a fixed random batch, in float32;
     `VerificationError` above `VERIFY_ATOL`."""
     batch = verification_batch(marian.config, max_positions=marian.config.max_position_embeddings)
-    reference = marian if marian.dtype == torch.float32 else copy.deepcopy(marian).float()
+    # Both in float32 on the CPU, where the converted model was built.
+    reference = marian if marian.dtype == torch.float32 and marian.device.type == "cpu" else \
+        copy.deepcopy(marian).to("cpu", torch.float32)
     was_training = reference.training
     reference.eval()
     try:

@@ -15,6 +15,7 @@ over as it is, and what the export does about it:
   The export records these settings in `vanilla_transformer_export.json` and its README.
 """
 
+import copy
 import json
 import math
 import os
@@ -138,8 +139,8 @@ def export_ctranslate2(model_or_dir, output_dir, quantization: str | None = None
     export is written after that check of its float32 twin (quantization error is the engine's, not a mapping's).
     The folder appears only once it is complete."""
     ct2 = _ctranslate2()
-    if isinstance(max_positions, bool) or not isinstance(max_positions, int) or max_positions < 2:
-        raise ValueError(f"max_positions must be an int of at least 2, got {max_positions!r}.")
+    if isinstance(max_positions, bool) or not isinstance(max_positions, int) or max_positions < 3:
+        raise ValueError(f"max_positions must be an int of at least 3 (a token and eos, a side), got {max_positions!r}.")
     output_dir = check_output_dir(output_dir)
     model, tokenizer = _load(model_or_dir, tokenizer)
     transformer_spec(model, tokenizer, max_positions)  # refuses what CTranslate2 cannot express, before any write
@@ -174,20 +175,22 @@ def verify_ctranslate2(model, tokenizer, folder, max_positions: int) -> float:
                for ids, mask in zip(input_ids, attention_mask)]
     targets = [tokenizer.convert_ids_to_tokens(ids[1:].tolist()) for ids in decoder_input_ids]
     scored = ct2.Translator(str(folder), device="cpu").score_batch(sources, targets)
-    was_training = model.training
-    model.eval()
+    # The export holds float32 weights: the reference is the model in float32 too, on the CPU as the engine ran.
+    reference = model if model.dtype == torch.float32 and model.device.type == "cpu" else \
+        copy.deepcopy(model).to("cpu", torch.float32)
+    was_training = reference.training
+    reference.eval()
     try:
         with torch.no_grad():
             expected, actual = [], []
             for tokens, target, result in zip(sources, decoder_input_ids, scored):
                 source_ids = torch.tensor([tokenizer.convert_tokens_to_ids(tokens)])
-                log_probs = model(input_ids=source_ids.to(model.device),
-                                  decoder_input_ids=target[None].to(model.device)).logits[0].float().log_softmax(-1)
+                log_probs = reference(input_ids=source_ids, decoder_input_ids=target[None]).logits[0].log_softmax(-1)
                 wanted = torch.tensor([*target[1:].tolist(), eos])
                 expected.append(log_probs[torch.arange(len(wanted)), wanted].cpu())
                 actual.append(torch.tensor(result.log_probs))
     finally:
-        model.train(was_training)
+        reference.train(was_training)
     if any(len(a) != len(e) for a, e in zip(actual, expected)):
         raise VerificationError(f"The export scored {[len(a) for a in actual]} tokens where the model scored "
                                 f"{[len(e) for e in expected]}; nothing was written.")

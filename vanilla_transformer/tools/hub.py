@@ -84,8 +84,10 @@ def missing_hub_files(folder: str | os.PathLike) -> list[str]:
         missing.append("generation_config.json")
     if not (folder / "tokenizer_config.json").is_file():
         missing.append("tokenizer_config.json")
-    vocabulary = [path for path in folder.iterdir() if path.name != "tokenizer_config.json"
-                  and any(fnmatch.fnmatch(path.name, pattern) for pattern in TOKENIZER_FILES)]
+    # Beside its config, a tokenizer needs its vocabulary: tokenizer.json, or a slow tokenizer's vocab or model files.
+    not_vocabulary = ("tokenizer_config.json", "special_tokens_map.json", "added_tokens.json")
+    vocabulary = [path for path in folder.iterdir() if path.name not in not_vocabulary and not
+                  path.name.startswith("chat_template.") and any(fnmatch.fnmatch(path.name, p) for p in TOKENIZER_FILES)]
     if not vocabulary:
         missing.append("tokenizer.json (or the tokenizer's other vocabulary files)")
 

@@ -43,8 +43,10 @@ def noam_schedule(optimizer, d_model, warmup_steps=4000, factor=1.0):
     return LambdaLR(optimizer, NoamLambda(d_model, warmup_steps, factor))
 
 
-def paper_adam(model_or_params, weight_decay=0.0, **overrides):
-    """Adam with §5.3's β1=0.9, β2=0.98, ε=1e-9 (AdamW with weight_decay=0 is Adam); lr=1.0 for `noam_schedule`."""
+def paper_adam(model_or_params, betas=PAPER_ADAM["betas"], eps=PAPER_ADAM["eps"], weight_decay=0.0, lr=1.0,
+               **torch_options):
+    """Adam with §5.3's β1=0.9, β2=0.98, ε=1e-9 (AdamW with weight_decay=0 is Adam); lr=1.0 for `noam_schedule`.
+    `torch_options` go to torch.optim.AdamW (e.g. fused=True)."""
     params = model_or_params.parameters() if isinstance(model_or_params, torch.nn.Module) else model_or_params
-    return torch.optim.AdamW(params, **{"lr": 1.0, **PAPER_ADAM, "weight_decay": weight_decay, **overrides})
+    return torch.optim.AdamW(params, lr=lr, betas=betas, eps=eps, weight_decay=weight_decay, **torch_options)
 

@@ -4,6 +4,7 @@ import torch
 from transformers import Seq2SeqTrainer
 
 from ..data.batching import token_batch_train_dataloader
+from .arguments import TranslationTrainingArguments
 from .schedule import NoamLambda
 
 
@@ -19,6 +20,11 @@ class PaperTrainer(Seq2SeqTrainer):
         super().__init__(*args, **kwargs)
         self.noam_schedule = noam_schedule
         self.max_tokens_per_batch = max_tokens_per_batch
+        chose_another = isinstance(self.args, TranslationTrainingArguments) and not self.args.noam
+        if noam_schedule is None and chose_another and self.args.learning_rate == 1.0:
+            raise ValueError(f"--lr_scheduler_type {self.args.lr_scheduler_type.value} takes its rate from "
+                             "--learning_rate, which is still 1.0, the Noam schedule's placeholder: pass --learning_rate "
+                             "(e.g. 5e-4), or use --lr_scheduler_type noam.")
         if noam_schedule is not None and self.args.learning_rate != 1.0:
             raise ValueError(
                 f"With the Noam schedule the learning rate comes from the schedule, so --learning_rate must be "
