@@ -87,7 +87,7 @@ def test_device_check_paper_batch_keeps_the_systems_that_compile_and_fails_witho
     are still measured, and the section fails because our compiled step did not run."""
     import time
 
-    import device_check
+    from scripts.benchmarks import device_check
     from torch._dynamo import register_backend
 
     @register_backend

@@ -208,7 +208,8 @@ def test_the_multi30k_recipe_ends_in_an_averaged_scored_folder_that_translate_py
                "--max_new_tokens", "8"]
     translated = subprocess.run(command, input="I carry the blue pigs\n", capture_output=True, text=True,
                                 timeout=300, env={**os.environ, "HF_HUB_OFFLINE": "1"})
-    assert translated.returncode == 0 and translated.stdout.strip(), translated.stderr[-2000:]
+    # One line out for the line in (a model trained six steps may well translate it to nothing).
+    assert translated.returncode == 0 and translated.stdout.count("\n") == 1, translated.stderr[-2000:]
 
 
 @pytest.mark.parametrize("flags, message", [

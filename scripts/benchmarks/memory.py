@@ -101,7 +101,7 @@ def measure_memory(spec: BenchmarkSpec, systems=SYSTEMS) -> dict[str, dict[str, 
     for group in groups:
         request = json.dumps({"spec": dataclasses.asdict(spec), "systems": group})
         done = subprocess.run(
-            [sys.executable, "-c", "from scripts.benchmarks.peers import memory_worker; memory_worker()"],
+            [sys.executable, "-c", "from scripts.benchmarks.memory import memory_worker; memory_worker()"],
             input=request, capture_output=True, text=True, env=env, check=False, cwd=Path(__file__).resolve().parents[2],
         )
         if done.returncode != 0:

@@ -27,7 +27,7 @@ from transformers import MarianConfig, MarianMTModel
 from .folders import TOKENIZER_FILES, check_output_dir, copy_side_files, staged_output_dir
 from ..configuration_vanilla_transformer import VanillaTransformerConfig
 from ..modeling_vanilla_transformer import VanillaTransformerForConditionalGeneration
-from .verification import check_close, verification_batch
+from .verification import check_close, float32_reference, verification_batch
 
 # Marian-only tensors: the position tables are recomputed by our model.
 _DROPPED = ("model.encoder.embed_positions.weight", "model.decoder.embed_positions.weight")
@@ -191,20 +191,11 @@ def verify_against_marian(marian: MarianMTModel, converted: VanillaTransformerFo
     """The largest logit difference between `marian` and its conversion on a fixed random batch, in float32;
     `VerificationError` above `VERIFY_ATOL`."""
     batch = verification_batch(marian.config, max_positions=marian.config.max_position_embeddings)
-    # Both in float32 on the CPU, where the converted model was built.
-    reference = marian if marian.dtype == torch.float32 and marian.device.type == "cpu" else \
-        copy.deepcopy(marian).to("cpu", torch.float32)
-    was_training = reference.training
-    reference.eval()
-    try:
-        with torch.no_grad():
-            input_ids, attention_mask, decoder_input_ids = batch
-            expected = reference(input_ids=input_ids, attention_mask=attention_mask,
-                                 decoder_input_ids=decoder_input_ids).logits
-            actual = converted(input_ids=input_ids, attention_mask=attention_mask,
-                               decoder_input_ids=decoder_input_ids).logits
-    finally:
-        reference.train(was_training)
+    input_ids, attention_mask, decoder_input_ids = batch
+    with float32_reference(marian) as reference, float32_reference(converted) as ours:
+        expected = reference(input_ids=input_ids, attention_mask=attention_mask,
+                             decoder_input_ids=decoder_input_ids).logits
+        actual = ours(input_ids=input_ids, attention_mask=attention_mask, decoder_input_ids=decoder_input_ids).logits
     return check_close(expected, actual, "The converted model's logits", how_to_skip="--no_verify (verify=False)")
 
 

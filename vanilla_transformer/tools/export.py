@@ -15,7 +15,6 @@ over as it is, and what the export does about it:
   The export records these settings in `vanilla_transformer_export.json` and its README.
 """
 
-import copy
 import json
 import math
 import os
@@ -25,7 +24,7 @@ import torch
 
 from .folders import check_output_dir, staged_output_dir
 from ..modeling_vanilla_transformer import SinusoidalPositionalEncoding
-from .verification import VerificationError, check_close, verification_batch
+from .verification import VerificationError, check_close, float32_reference, verification_batch
 
 EXPORT_INFO = "vanilla_transformer_export.json"
 INSTALL_HINT = "pip install 'vanilla-transformer[ctranslate2]' (or: pip install ctranslate2)"
@@ -175,22 +174,14 @@ def verify_ctranslate2(model, tokenizer, folder, max_positions: int) -> float:
                for ids, mask in zip(input_ids, attention_mask)]
     targets = [tokenizer.convert_ids_to_tokens(ids[1:].tolist()) for ids in decoder_input_ids]
     scored = ct2.Translator(str(folder), device="cpu").score_batch(sources, targets)
-    # The export holds float32 weights: the reference is the model in float32 too, on the CPU as the engine ran.
-    reference = model if model.dtype == torch.float32 and model.device.type == "cpu" else \
-        copy.deepcopy(model).to("cpu", torch.float32)
-    was_training = reference.training
-    reference.eval()
-    try:
-        with torch.no_grad():
-            expected, actual = [], []
-            for tokens, target, result in zip(sources, decoder_input_ids, scored):
-                source_ids = torch.tensor([tokenizer.convert_tokens_to_ids(tokens)])
-                log_probs = reference(input_ids=source_ids, decoder_input_ids=target[None]).logits[0].log_softmax(-1)
-                wanted = torch.tensor([*target[1:].tolist(), eos])
-                expected.append(log_probs[torch.arange(len(wanted)), wanted].cpu())
-                actual.append(torch.tensor(result.log_probs))
-    finally:
-        reference.train(was_training)
+    expected, actual = [], []
+    with float32_reference(model) as reference:  # the export holds float32 weights
+        for tokens, target, result in zip(sources, decoder_input_ids, scored):
+            source_ids = torch.tensor([tokenizer.convert_tokens_to_ids(tokens)])
+            log_probs = reference(input_ids=source_ids, decoder_input_ids=target[None]).logits[0].log_softmax(-1)
+            wanted = torch.tensor([*target[1:].tolist(), eos])
+            expected.append(log_probs[torch.arange(len(wanted)), wanted])
+            actual.append(torch.tensor(result.log_probs))
     if any(len(a) != len(e) for a, e in zip(actual, expected)):
         raise VerificationError(f"The export scored {[len(a) for a in actual]} tokens where the model scored "
                                 f"{[len(e) for e in expected]}; nothing was written.")

@@ -5,6 +5,9 @@ The test suite proves the mappings on the settings it covers; this check covers 
 actually converts, with whatever settings it has.
 """
 
+import copy
+from contextlib import contextmanager
+
 import torch
 
 VERIFY_ATOL = 1e-4
@@ -36,6 +39,22 @@ def verification_batch(config, max_positions: int | None = None, batch_size: int
     return input_ids, attention_mask, decoder_input_ids
 
 
+@contextmanager
+def float32_reference(model: torch.nn.Module):
+    """`model` in float32 on the CPU and in eval mode, without gradients, for the length of the block: the model
+    itself where it already is so (its training mode restored after), else a copy. Conversions and exports are
+    built in float32 on the CPU, so that is where they are compared."""
+    reference = model if model.dtype == torch.float32 and model.device.type == "cpu" else \
+        copy.deepcopy(model).to("cpu", torch.float32)
+    was_training = reference.training
+    reference.eval()
+    try:
+        with torch.no_grad():
+            yield reference
+    finally:
+        reference.train(was_training)
+
+
 def check_close(expected: torch.Tensor, actual: torch.Tensor, what: str, atol: float = VERIFY_ATOL,
                 how_to_skip: str = "verify=False") -> float:
     """The largest |expected - actual|; VerificationError naming it (and where) when above `atol` or not finite."""
@@ -50,4 +69,4 @@ def check_close(expected: torch.Tensor, actual: torch.Tensor, what: str, atol: f
     return float(largest)
 
 
-__all__ = ["VERIFY_ATOL", "VerificationError", "verification_batch", "check_close"]
+__all__ = ["VERIFY_ATOL", "VerificationError", "verification_batch", "float32_reference", "check_close"]
