@@ -456,7 +456,7 @@ class VanillaTransformerModel(VanillaTransformerPreTrainedModel):
             if not isinstance(encoder_outputs, BaseModelOutput):  # a tuple: (last_hidden_state, hidden_states, ...)
                 encoder_outputs = BaseModelOutput(*encoder_outputs)
             source = ("encoder_outputs", encoder_outputs.last_hidden_state)
-            check_mask(attention_mask, "attention_mask", *reversed(source))
+            check_mask(attention_mask, "attention_mask", encoder_outputs.last_hidden_state, "encoder_outputs")
         # Checked here, where the arguments have the names the user gave them (the decoder knows other names).
         target = given(decoder_input_ids=decoder_input_ids, decoder_inputs_embeds=decoder_inputs_embeds)
         if target[0] is not None:
