@@ -6,6 +6,8 @@ TRAIN = ["datasets>=3.0", "accelerate>=1.0", "evaluate>=0.4", "sacrebleu>=2.4", 
          "matplotlib>=3.7", "tensorboard>=2.14", "tqdm>=4.60",
          "jinja2>=3.1"]
 CTRANSLATE2 = ["ctranslate2>=4.8"]  # the export to CTranslate2 (vanilla_transformer.tools.export)
+# The ONNX export (torch.onnx's dynamo exporter writes through onnxscript) and its engine (tools.onnx_export).
+ONNX = ["onnx>=1.18", "onnxscript>=0.5", "onnxruntime>=1.22"]
 
 setup(
     name="vanilla-transformer",
@@ -21,6 +23,7 @@ setup(
     python_requires=">=3.10",
     # transformers moves its internals between minor releases: CI tests the oldest and newest we declare.
     install_requires=["torch>=2.6", "transformers>=5.23,<6", "safetensors>=0.8", "huggingface_hub>=1.31"],
-    extras_require={"train": TRAIN, "ctranslate2": CTRANSLATE2, "dev": TRAIN + CTRANSLATE2 + ["pytest>=8", "setuptools>=70.1"]},
+    extras_require={"train": TRAIN, "ctranslate2": CTRANSLATE2, "onnx": ONNX,
+                    "dev": TRAIN + CTRANSLATE2 + ONNX + ["pytest>=8", "setuptools>=70.1"]},
     classifiers=["Programming Language :: Python :: 3", "Topic :: Scientific/Engineering :: Artificial Intelligence"],
 )

@@ -5,6 +5,7 @@
     echo "I see twenty-one red apples" | python scripts/translate.py --model demo_output/model
     echo "I carry the blue pigs" | python scripts/translate.py --model demo_output/model --attention_map attention.png
     python scripts/translate.py --engine ctranslate2 --model demo_output/ct2-int8 --input sentences.en
+    python scripts/translate.py --engine onnxruntime --model demo_output/onnx --quantized int8 --input sentences.en
 """
 
 import argparse
@@ -17,14 +18,18 @@ from transformers import AutoModelForSeq2SeqLM, AutoTokenizer
 
 import vanilla_transformer  # noqa: F401  registers the model with the Auto classes
 from vanilla_transformer.tools.export import translate_ctranslate2
+from vanilla_transformer.tools.onnx_export import translate_onnx
 from vanilla_transformer.tools.translation import cross_attention, translate
 
 
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--model", required=True, help="A folder saved by scripts/train.py (or a Hub id), or with "
-                                                        "--engine ctranslate2 one written by scripts/export_ctranslate2.py.")
-    parser.add_argument("--engine", choices=("transformers", "ctranslate2"), default="transformers")
+                                                        "--engine ctranslate2 one written by scripts/export_ctranslate2.py, "
+                                                        "with --engine onnxruntime by scripts/export_onnx.py.")
+    parser.add_argument("--engine", choices=("transformers", "ctranslate2", "onnxruntime"), default="transformers")
+    parser.add_argument("--quantized", choices=("int8",), default=None,
+                        help="--engine onnxruntime: run the export's int8 graphs (default: float32)")
     parser.add_argument("--input", default="-", help="One sentence per line; '-' reads stdin.")
     parser.add_argument("--output", default="-", help="'-' writes stdout.")
     parser.add_argument("--batch_size", type=int, default=64)
@@ -40,6 +45,11 @@ def main(argv=None):
             parser.error(f"--{flag} must be at least 1, got {getattr(args, flag)}")
     if args.input != "-" and not Path(args.input).is_file():
         parser.error(f"--input {args.input}: no such file")
+    if args.engine != "transformers" and args.attention_map:
+        parser.error("--attention_map needs the transformers engine (the model's own attention weights).")
+    if args.quantized and args.engine != "onnxruntime":
+        parser.error(f"--quantized {args.quantized} is for --engine onnxruntime (CTranslate2 exports are quantized "
+                     "when written)")
 
     source = sys.stdin if args.input == "-" else open(args.input, encoding="utf-8")
     with source:
@@ -50,10 +60,11 @@ def main(argv=None):
     indices = [i for i, line in enumerate(lines) if line.strip()]
     try:
         if args.engine == "ctranslate2":
-            if args.attention_map:
-                parser.error("--attention_map needs the transformers engine (the model's own attention weights).")
             translations = translate_ctranslate2(args.model, [lines[i] for i in indices], batch_size=args.batch_size,
                                                  device=args.device, **generate_kwargs)
+        elif args.engine == "onnxruntime":
+            translations = translate_onnx(args.model, [lines[i] for i in indices], batch_size=args.batch_size,
+                                          quantized=args.quantized, **generate_kwargs)
         else:
             model = AutoModelForSeq2SeqLM.from_pretrained(args.model).to(args.device)
             tokenizer = AutoTokenizer.from_pretrained(args.model)

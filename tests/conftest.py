@@ -107,3 +107,45 @@ def run_without_the_package(body: str, args: dict, workdir, **env) -> dict:
                          capture_output=True, stdin=subprocess.DEVNULL, text=True, timeout=300)
     assert run.returncode == 0, run.stderr[-3000:]
     return json.loads(run.stdout.split("RESULT ", 1)[1])
+
+
+def snapshot(folder: Path) -> dict[str, bytes]:
+    """Every file under `folder` and its bytes: what a refusal must leave exactly as it was."""
+    return {path.relative_to(folder).as_posix(): path.read_bytes() for path in folder.rglob("*") if path.is_file()}
+
+
+def assert_exporter_cli_refuses(script: Path, tmp_path: Path, model, tokenizer, case: str, flags: list[str],
+                                message: str, earlier_export: str):
+    """Run an exporter script on a saved `model` with `flags` (their {output} and {missing} filled in): it must
+    exit 2 with `message` (filled in likewise) and leave everything under `tmp_path` as it was. In the case
+    "existing output" the output folder already holds `earlier_export`."""
+    import subprocess
+
+    model_dir, output = tmp_path / "model", tmp_path / "export"
+    model.save_pretrained(model_dir)
+    tokenizer.save_pretrained(model_dir)
+    if case == "existing output":
+        output.mkdir()
+        (output / earlier_export).write_bytes(b"an earlier export")
+    before = snapshot(tmp_path)
+    values = {"output": output, "missing": tmp_path / "missing"}
+    command = [sys.executable, str(script), "--model", str(model_dir), "--output_dir", str(output),
+               *[flag.format(**values) for flag in flags]]
+    result = subprocess.run(command, capture_output=True, text=True, timeout=300,
+                            env={"HF_HUB_OFFLINE": "1", "OMP_NUM_THREADS": "1", "PATH": "/usr/bin:/bin"})
+    assert result.returncode == 2 and message.format(**values) in result.stderr, result.stderr
+    assert snapshot(tmp_path) == before
+
+
+def hide_package(monkeypatch, package: str):
+    """Make `import package` (and its submodules) fail for the rest of the test, as where it is not installed."""
+    import builtins
+
+    real_import = builtins.__import__
+
+    def without(name, *args, **kwargs):
+        if name.split(".")[0] == package:
+            raise ImportError(f"No module named '{package}'")
+        return real_import(name, *args, **kwargs)
+
+    monkeypatch.setattr(builtins, "__import__", without)

@@ -343,8 +343,9 @@ def test_the_cpu_precision_benchmark_times_both_precisions_of_both_models(tmp_pa
     from scripts.benchmarks.cpu_precision import main
 
     results = main(["--preset", "tiny", "--vocab_size", "64", "--batch_size", "2", "--length", "4", "--repeats", "1",
-                    "--matmul_size", "32", "--output_dir", str(tmp_path)])
-    assert set(results["systems"]) == {"ours fp32", "ours bf16", "marian fp32", "marian bf16"}
+                    "--matmul_size", "32", "--compare_activation_dropout", "0.1", "--output_dir", str(tmp_path)])
+    assert set(results["systems"]) == {"ours fp32", "ours bf16", "marian fp32", "marian bf16",
+                                       "ours fp32, activation dropout 0.1", "marian fp32, activation dropout 0.1"}
     assert all(row["step_s"] > 0 for row in results["systems"].values())
     assert isinstance(results["native_bf16"], bool)
     assert {path.name for path in tmp_path.iterdir()} == {"cpu_precision.json", "cpu_precision.md"}

@@ -10,7 +10,7 @@ import torch
 from transformers import AutoModelForSeq2SeqLM, MarianConfig, MarianMTModel
 from transformers.models.marian.modeling_marian import MarianSinusoidalPositionalEmbedding
 
-from conftest import VOCAB, run_without_the_package, tiny_tokenizer
+from conftest import VOCAB, run_without_the_package, snapshot, tiny_tokenizer
 from vanilla_transformer import VanillaTransformerForConditionalGeneration
 from vanilla_transformer.tools import conversion
 from vanilla_transformer.tools.conversion import convert_marian, residual_permutation
@@ -206,10 +206,6 @@ def test_command_line_tool_converts_a_saved_folder(tmp_path):
 
     with pytest.raises(ValueError, match="not empty"):  # a second run never overwrites the first
         convert_marian(tmp_path / "marian", tmp_path / "vanilla")
-
-
-def snapshot(folder: Path) -> dict[str, bytes]:
-    return {path.relative_to(folder).as_posix(): path.read_bytes() for path in folder.rglob("*") if path.is_file()}
 
 
 def test_a_wrong_conversion_is_refused_by_its_own_verification_before_anything_is_written(tmp_path, monkeypatch):

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from conftest import tiny_model, tiny_tokenizer
+from conftest import assert_exporter_cli_refuses, hide_package, tiny_model, tiny_tokenizer
 from vanilla_transformer.tools.translation import translate
 
 ctranslate2 = pytest.importorskip("ctranslate2", reason="the CTranslate2 export is an optional extra")
@@ -88,16 +88,7 @@ def test_an_export_keeps_the_decoding_settings_and_never_overwrites(tmp_path):
 
 
 def test_without_ctranslate2_the_exporter_says_how_to_install_it(monkeypatch, tmp_path):
-    import builtins
-
-    real_import = builtins.__import__
-
-    def no_ctranslate2(name, *args, **kwargs):
-        if name.split(".")[0] == "ctranslate2":
-            raise ImportError("No module named 'ctranslate2'")
-        return real_import(name, *args, **kwargs)
-
-    monkeypatch.setattr(builtins, "__import__", no_ctranslate2)
+    hide_package(monkeypatch, "ctranslate2")
     with pytest.raises(ImportError, match=r"pip install 'vanilla-transformer\[ctranslate2\]'"):
         export_ctranslate2(tiny_model(), tmp_path / "ct2", tokenizer=tiny_tokenizer())
 
@@ -117,10 +108,6 @@ def test_the_command_line_exports_a_saved_model_and_translates_with_it(tmp_path)
     output = run.stdout.split("\n")
     assert len(output) == 4 and output[1] == "" and output[0] and output[2]
     assert output[0] == translate_ctranslate2(tmp_path / "ct2", ["w5 w9 w7"], max_new_tokens=6)[0]
-
-
-def snapshot(folder: Path) -> dict[str, bytes]:
-    return {path.relative_to(folder).as_posix(): path.read_bytes() for path in folder.rglob("*") if path.is_file()}
 
 
 @pytest.mark.parametrize("quantization", [None, "int8"])
@@ -159,17 +146,5 @@ def test_the_verification_passes_a_correct_export_of_either_layer_norm_placement
     ("max positions", ["--max_positions", "2"], "--max_positions must be at least 3, got 2"),
 ])
 def test_the_command_line_refuses_by_flag_and_leaves_an_existing_folder_as_it_was(tmp_path, case, flags, message):
-    model_dir, output = tmp_path / "model", tmp_path / "ct2"
-    informative_model().save_pretrained(model_dir)
-    tiny_tokenizer().save_pretrained(model_dir)
-    if case == "existing output":
-        output.mkdir()
-        (output / "model.bin").write_bytes(b"an earlier export")
-    before = snapshot(tmp_path)
-    values = {"output": output, "missing": tmp_path / "missing"}
-    command = [sys.executable, str(ROOT / "scripts" / "export_ctranslate2.py"), "--model", str(model_dir),
-               "--output_dir", str(output), *[flag.format(**values) for flag in flags]]
-    result = subprocess.run(command, capture_output=True, text=True, timeout=300,
-                            env={"HF_HUB_OFFLINE": "1", "OMP_NUM_THREADS": "1", "PATH": "/usr/bin:/bin"})
-    assert result.returncode == 2 and message.format(**values) in result.stderr, result.stderr
-    assert snapshot(tmp_path) == before
+    assert_exporter_cli_refuses(ROOT / "scripts" / "export_ctranslate2.py", tmp_path, informative_model(),
+                                tiny_tokenizer(), case, flags, message, earlier_export="model.bin")

@@ -14,6 +14,7 @@ import torch
 from safetensors.torch import load_file
 from transformers import AutoModelForSeq2SeqLM
 
+from conftest import snapshot
 from vanilla_transformer.training import load_raw_splits, parse_training_args
 from vanilla_transformer.training.metrics import corpus_scores, paper_bleu
 
@@ -93,10 +94,6 @@ def test_the_recipe_refuses_settings_that_would_fail_after_training(tmp_path, mo
         main(["--model", "base", *base, "--noam_warmup_steps", "0"])
     # Each refusal came before the recipe wrote anything: no vocabulary was trained, no run folder made.
     assert not (tmp_path / "bpe").exists() and not (tmp_path / "run").exists()
-
-
-def snapshot(folder: Path) -> dict[str, bytes]:
-    return {path.relative_to(folder).as_posix(): path.read_bytes() for path in folder.rglob("*") if path.is_file()}
 
 
 def test_the_recipe_never_writes_into_a_finished_run_and_names_the_flags_it_refuses(tmp_path):

@@ -165,6 +165,7 @@ class VanillaTransformerAttention(nn.Module):
     def __init__(self, config: VanillaTransformerConfig, num_heads: int, is_causal: bool, layer_idx: int | None = None):
         super().__init__()
         self.config = config
+        self.num_heads = num_heads
         self.head_dim = config.d_model // num_heads
         self.scaling = self.head_dim**-0.5
         # SDPA treats a missing mask as causal unless told otherwise: encoder and cross attention must say so.
@@ -177,7 +178,8 @@ class VanillaTransformerAttention(nn.Module):
         self.out_proj = nn.Linear(config.d_model, config.d_model)
 
     def _heads(self, x: torch.Tensor) -> torch.Tensor:
-        return x.view(*x.shape[:-1], -1, self.head_dim).transpose(1, 2)
+        # The head count is explicit so that an empty sequence (an ONNX step with nothing new to project) reshapes.
+        return x.view(*x.shape[:-1], self.num_heads, self.head_dim).transpose(1, 2)
 
     def forward(self, hidden_states, key_value_states=None, attention_mask=None, cache: Cache | None = None,
                 output_attentions: bool = False):

@@ -1,12 +1,14 @@
 """Training throughput on this CPU in float32 and in bf16 autocast (what Trainer's --bf16 runs), ours and
 `MarianMTModel` of the same shape, interleaved; and a bf16 against a float32 matmul, which says whether the
-processor multiplies bf16 natively (AVX-512 BF16, AMX) or emulates it.
+processor multiplies bf16 natively (AVX-512 BF16, AMX) or emulates it. Optionally the float32 step with another
+activation dropout (`--compare_activation_dropout`) and under torch.compile (`--compile`, inductor), both models.
 
-    python -m scripts.benchmarks.cpu_precision                 # the Multi30k recipe's shape; writes results/
+    python -m scripts.benchmarks.cpu_precision --compare_activation_dropout 0.1 --compile   # the Multi30k recipe
     python -m scripts.benchmarks.cpu_precision --repeats 2 --batch_size 16
 """
 
 import argparse
+import dataclasses
 import shlex
 import sys
 
@@ -32,16 +34,35 @@ def main(argv=None) -> dict:
     parser.add_argument("--length", type=int, default=24)
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--matmul_size", type=int, default=1024)
+    # The Multi30k recipe's dropouts (scripts/recipes/multi30k_en_de.py).
+    parser.add_argument("--dropout", type=float, default=0.2)
+    parser.add_argument("--attention_dropout", type=float, default=0.1)
+    parser.add_argument("--activation_dropout", type=float, default=0.0)
+    parser.add_argument("--compare_activation_dropout", type=float, default=None,
+                        help="also time the float32 step with this activation dropout")
+    parser.add_argument("--compile", action="store_true", help="also time the float32 step under torch.compile")
     parser.add_argument("--output_dir", default="scripts/benchmarks/results")
     args = parser.parse_args(argv)
+    dropouts = dict(dropout=args.dropout, attention_dropout=args.attention_dropout,
+                    activation_dropout=args.activation_dropout)
     spec = BenchmarkSpec(preset=args.preset, vocab_size=args.vocab_size, batch_size=args.batch_size,
-                         source_length=args.length, target_length=args.length, repeats=args.repeats, memory=False)
+                         source_length=args.length, target_length=args.length, repeats=args.repeats, memory=False,
+                         config_overrides=dropouts)
     torch.set_num_threads(spec.threads)
     models = build_models(spec)
     batch = training_batch(spec, models["ours"].config)
     target_tokens = int((batch["labels"] != -100).sum())
     steps = {f"{name} {label}": make_train_step(models[name], batch, autocast=dtype)
              for name in ("ours", "marian") for label, dtype in (("fp32", None), ("bf16", torch.bfloat16))}
+    if args.compare_activation_dropout is not None:
+        other = dataclasses.replace(spec, config_overrides={**dropouts,
+                                                            "activation_dropout": args.compare_activation_dropout})
+        for name, model in build_models(other).items():
+            steps[f"{name} fp32, activation dropout {args.compare_activation_dropout:g}"] = make_train_step(model, batch)
+    if args.compile:
+        for name, model in build_models(spec).items():
+            steps[f"{name} fp32, torch.compile"] = make_train_step(torch.compile(model), batch)
+            steps[f"{name} fp32, torch.compile"]()  # compiled outside the timed repetitions
     times = time_interleaved(steps, spec.repeats, warmup=1)
     rows = {name: {"step_s": sorted(t)[len(t) // 2], "target_tokens_per_s": target_tokens / sorted(t)[len(t) // 2]}
             for name, t in times.items()}
@@ -53,7 +74,9 @@ def main(argv=None) -> dict:
     lines = [f"# Training precision on this CPU ({results['environment']['cpu']}, {spec.threads} threads)", "",
              f"`{results['command']}`: preset `{args.preset}`, vocabulary {args.vocab_size:,}, {args.batch_size} "
              f"pairs of {args.length} tokens a side ({target_tokens:,} target tokens a step), median of "
-             f"{spec.repeats} interleaved steps. Native bf16 matrix multiply: {'yes' if results['native_bf16'] else 'no'}.",
+             f"{spec.repeats} interleaved steps, dropout {args.dropout:g}, attention dropout {args.attention_dropout:g}, "
+             f"activation dropout {args.activation_dropout:g} unless a row says otherwise. Native bf16 matrix "
+             f"multiply: {'yes' if results['native_bf16'] else 'no'}.",
              "", "| system | step | target tokens / s | vs ours fp32 |", "| --- | --- | --- | --- |"]
     base = rows["ours fp32"]["step_s"]
     for name, row in rows.items():

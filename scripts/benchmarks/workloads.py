@@ -49,6 +49,7 @@ class BenchmarkSpec:
     compile_backend: str | None = "inductor"
     isolate_memory: bool = True  # one fresh subprocess per system; quick mode shares one to save start-up time
     seed: int = 0
+    config_overrides: dict = dataclasses.field(default_factory=dict)  # e.g. a recipe's dropouts, for both models
 
     @classmethod
     def quick(cls, **overrides) -> "BenchmarkSpec":
@@ -86,7 +87,7 @@ class BenchmarkSpec:
 # Models -------------------------------------------------------------------------------------------------------
 
 def model_config(spec: BenchmarkSpec) -> VanillaTransformerConfig:
-    return VanillaTransformerConfig.from_preset(spec.preset, vocab_size=spec.vocab_size)
+    return VanillaTransformerConfig.from_preset(spec.preset, vocab_size=spec.vocab_size, **spec.config_overrides)
 
 
 def max_positions(spec: BenchmarkSpec) -> int:

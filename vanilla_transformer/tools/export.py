@@ -17,12 +17,11 @@ over as it is, and what the export does about it:
 
 import json
 import math
-import os
 from pathlib import Path
 
 import torch
 
-from .folders import check_output_dir, staged_output_dir
+from .folders import check_output_dir, load_model_and_tokenizer, staged_output_dir
 from ..modeling_vanilla_transformer import SinusoidalPositionalEncoding
 from .verification import VerificationError, check_close, float32_reference, verification_batch
 
@@ -38,19 +37,6 @@ def _ctranslate2():
     except ImportError as error:
         raise ImportError(f"The CTranslate2 export and engine need the ctranslate2 package: {INSTALL_HINT}") from error
     return ctranslate2
-
-
-def _load(model_or_dir, tokenizer):
-    from transformers import AutoModelForSeq2SeqLM, AutoTokenizer
-
-    if isinstance(model_or_dir, (str, os.PathLike)):
-        model = AutoModelForSeq2SeqLM.from_pretrained(model_or_dir)
-        tokenizer = tokenizer if tokenizer is not None else AutoTokenizer.from_pretrained(model_or_dir)
-    else:
-        model = model_or_dir
-    if tokenizer is None:
-        raise ValueError("Pass the tokenizer with an in-memory model (a saved folder brings its own).")
-    return model, tokenizer
 
 
 def transformer_spec(model, tokenizer, max_positions: int = 1024):
@@ -141,7 +127,7 @@ def export_ctranslate2(model_or_dir, output_dir, quantization: str | None = None
     if isinstance(max_positions, bool) or not isinstance(max_positions, int) or max_positions < 3:
         raise ValueError(f"max_positions must be an int of at least 3 (a token and eos, a side), got {max_positions!r}.")
     output_dir = check_output_dir(output_dir)
-    model, tokenizer = _load(model_or_dir, tokenizer)
+    model, tokenizer = load_model_and_tokenizer(model_or_dir, tokenizer)
     transformer_spec(model, tokenizer, max_positions)  # refuses what CTranslate2 cannot express, before any write
 
     def convert(folder, quantization):

@@ -56,6 +56,21 @@ def check_weights(folder: str | os.PathLike) -> None:
             raise ValueError(f"{path} does not load ({error}).") from error
 
 
+def load_model_and_tokenizer(model_or_dir, tokenizer=None):
+    """(model, tokenizer) from a saved folder or Hub id (which brings its tokenizer unless one is given), or an
+    in-memory model with the tokenizer it needs."""
+    from transformers import AutoModelForSeq2SeqLM, AutoTokenizer
+
+    if isinstance(model_or_dir, (str, os.PathLike)):
+        model = AutoModelForSeq2SeqLM.from_pretrained(model_or_dir)
+        tokenizer = tokenizer if tokenizer is not None else AutoTokenizer.from_pretrained(model_or_dir)
+    else:
+        model = model_or_dir
+    if tokenizer is None:
+        raise ValueError("Pass the tokenizer with an in-memory model (a saved folder brings its own).")
+    return model, tokenizer
+
+
 def check_output_dir(output_dir: str | os.PathLike) -> Path:
     """Never overwrite what a user saved: the output folder must not exist, or be empty."""
     output_dir = Path(output_dir)
