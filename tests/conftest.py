@@ -32,6 +32,26 @@ def tiny_model(seed=0, **overrides) -> VanillaTransformerForConditionalGeneratio
     return VanillaTransformerForConditionalGeneration(tiny_config(**overrides)).eval()
 
 
+def confident_model(normalize_before=False, seed=0, weight_scale=0.2, embedding_scale=0.3, quiet_eos=True):
+    """`tiny_model` with weights drawn larger than the initialisation and LayerNorms perturbed, so that every
+    source gets its own confident translation and a misplaced tensor or a search that ranks or stops differently
+    cannot go unnoticed. `quiet_eos` shrinks the end-of-sequence embedding (a logit near 0), so outputs run long."""
+    model = tiny_model(seed=seed, normalize_before=normalize_before)
+    generator = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for name, parameter in model.named_parameters():
+            noise = torch.randn(parameter.shape, generator=generator)
+            if name.endswith("layer_norm.weight"):
+                parameter.copy_(1 + 0.5 * noise)
+            elif name == "model.shared.weight":
+                parameter.copy_(embedding_scale * noise)
+                if quiet_eos:
+                    parameter[model.config.eos_token_id] *= 0.01
+            else:
+                parameter.copy_((weight_scale if name.endswith("weight") else 0.1) * noise)
+    return model.eval()
+
+
 def random_batch(batch=3, source_length=7, target_length=6, seed=1, pad_rows=True):
     """Random ids above the special tokens, with right-padding of different lengths in the source."""
     generator = torch.Generator().manual_seed(seed)

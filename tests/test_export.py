@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from conftest import assert_exporter_cli_refuses, hide_package, tiny_model, tiny_tokenizer
+from conftest import assert_exporter_cli_refuses, confident_model, hide_package, tiny_model, tiny_tokenizer
 from vanilla_transformer.tools.translation import translate
 
 ctranslate2 = pytest.importorskip("ctranslate2", reason="the CTranslate2 export is an optional extra")
@@ -19,27 +19,9 @@ ROOT = Path(__file__).resolve().parents[1]
 SOURCES = ["w5 w9 w7 w30", "w11 w12", "w40 w41 w42 w43 w44 w45 w6 w8 w20", "w33", "w7 w7 w8 w9 w10"]
 
 
-def informative_model(normalize_before=False, seed=0):
-    """Weights drawn larger than the initialisation and LayerNorms perturbed, so that the translation depends
-    on the source and a misplaced tensor could not go unnoticed."""
-    model = tiny_model(seed=seed, normalize_before=normalize_before)
-    generator = torch.Generator().manual_seed(seed)
-    with torch.no_grad():
-        for name, parameter in model.named_parameters():
-            noise = torch.randn(parameter.shape, generator=generator)
-            if name.endswith("layer_norm.weight"):
-                parameter.copy_(1 + 0.5 * noise)
-            elif name == "model.shared.weight":
-                parameter.copy_(0.3 * noise)
-                parameter[model.config.eos_token_id] *= 0.01  # a logit near 0: outputs run long enough to compare
-            else:
-                parameter.copy_((0.2 if name.endswith("weight") else 0.1) * noise)
-    return model.eval()
-
-
 @pytest.mark.parametrize("num_beams", [1, 4])
 def test_the_fp32_export_translates_exactly_like_the_model(tmp_path, normalize_before, num_beams):
-    model, tokenizer = informative_model(normalize_before), tiny_tokenizer()
+    model, tokenizer = confident_model(normalize_before), tiny_tokenizer()
     before = {name: tensor.clone() for name, tensor in model.state_dict().items()}
     export_ctranslate2(model, tmp_path / "ct2", tokenizer=tokenizer)
     # The converter works on copies: the model's own weights are untouched.
@@ -52,7 +34,7 @@ def test_the_fp32_export_translates_exactly_like_the_model(tmp_path, normalize_b
 
 
 def test_the_export_gives_every_target_token_the_models_log_probability(tmp_path, normalize_before):
-    model, tokenizer = informative_model(normalize_before), tiny_tokenizer()
+    model, tokenizer = confident_model(normalize_before), tiny_tokenizer()
     folder = export_ctranslate2(model, tmp_path / "ct2", tokenizer=tokenizer)
     sources = [tokenizer.convert_ids_to_tokens(ids) for ids in tokenizer(SOURCES)["input_ids"]]
     targets = [list(reversed(tokens[:-1])) for tokens in sources]  # any target will do: it is scored, not searched
@@ -68,7 +50,7 @@ def test_the_export_gives_every_target_token_the_models_log_probability(tmp_path
 
 
 def test_an_export_refuses_inputs_longer_than_its_position_table(tmp_path):
-    export_ctranslate2(informative_model(), tmp_path / "ct2", tokenizer=tiny_tokenizer(), max_positions=8)
+    export_ctranslate2(confident_model(), tmp_path / "ct2", tokenizer=tiny_tokenizer(), max_positions=8)
     assert translate_ctranslate2(tmp_path / "ct2", ["w5 w6 w7"], max_new_tokens=4)
     with pytest.raises(ValueError, match=r"`texts\[1\]` has 10 tokens, more than the export's 8 positions"):
         translate_ctranslate2(tmp_path / "ct2", ["w5", "w5 w6 w7 w8 w9 w10 w11 w12 w13"])
@@ -77,7 +59,7 @@ def test_an_export_refuses_inputs_longer_than_its_position_table(tmp_path):
 def test_an_export_keeps_the_decoding_settings_and_never_overwrites(tmp_path):
     from vanilla_transformer import paper_generation_config
 
-    model = informative_model()
+    model = confident_model()
     model.generation_config = paper_generation_config(model.config)
     folder = export_ctranslate2(model, tmp_path / "ct2", tokenizer=tiny_tokenizer())
     info = json.loads((folder / EXPORT_INFO).read_text())
@@ -94,7 +76,7 @@ def test_without_ctranslate2_the_exporter_says_how_to_install_it(monkeypatch, tm
 
 
 def test_the_command_line_exports_a_saved_model_and_translates_with_it(tmp_path):
-    model, tokenizer = informative_model(), tiny_tokenizer()
+    model, tokenizer = confident_model(), tiny_tokenizer()
     model.save_pretrained(tmp_path / "model")
     tokenizer.save_pretrained(tmp_path / "model")
     env = {"HF_HUB_OFFLINE": "1", "OMP_NUM_THREADS": "1", "PATH": "/usr/bin:/bin"}
@@ -126,16 +108,16 @@ def test_a_wrong_export_is_refused_by_its_own_verification_before_the_folder_app
     monkeypatch.setattr(export, "transformer_spec", misplaced_projection)
     with pytest.raises(VerificationError, match=r"log-probabilities differ from the model's by up to .*nothing was "
                                                 r"written.*--no_verify"):
-        export_ctranslate2(informative_model(), tmp_path / "ct2", quantization=quantization, tokenizer=tiny_tokenizer())
+        export_ctranslate2(confident_model(), tmp_path / "ct2", quantization=quantization, tokenizer=tiny_tokenizer())
     assert list(tmp_path.iterdir()) == []  # neither the folder nor its staging copy is left
-    export_ctranslate2(informative_model(), tmp_path / "unchecked", tokenizer=tiny_tokenizer(), verify=False)
+    export_ctranslate2(confident_model(), tmp_path / "unchecked", tokenizer=tiny_tokenizer(), verify=False)
     assert (tmp_path / "unchecked" / "model.bin").is_file()
 
 
 def test_the_verification_passes_a_correct_export_of_either_layer_norm_placement(tmp_path, normalize_before):
     from vanilla_transformer.tools.export import verify_ctranslate2
 
-    model, tokenizer = informative_model(normalize_before), tiny_tokenizer()
+    model, tokenizer = confident_model(normalize_before), tiny_tokenizer()
     folder = export_ctranslate2(model, tmp_path / "ct2", tokenizer=tokenizer)
     assert 0 < verify_ctranslate2(model, tokenizer, folder, max_positions=1024) <= 1e-4
 
@@ -146,5 +128,5 @@ def test_the_verification_passes_a_correct_export_of_either_layer_norm_placement
     ("max positions", ["--max_positions", "2"], "--max_positions must be at least 3, got 2"),
 ])
 def test_the_command_line_refuses_by_flag_and_leaves_an_existing_folder_as_it_was(tmp_path, case, flags, message):
-    assert_exporter_cli_refuses(ROOT / "scripts" / "export_ctranslate2.py", tmp_path, informative_model(),
+    assert_exporter_cli_refuses(ROOT / "scripts" / "export_ctranslate2.py", tmp_path, confident_model(),
                                 tiny_tokenizer(), case, flags, message, earlier_export="model.bin")

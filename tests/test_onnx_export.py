@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from conftest import assert_exporter_cli_refuses, hide_package, snapshot, tiny_model, tiny_tokenizer
+from conftest import assert_exporter_cli_refuses, confident_model, hide_package, snapshot, tiny_model, tiny_tokenizer
 from vanilla_transformer.tools.translation import translate
 
 onnxruntime = pytest.importorskip("onnxruntime", reason="the ONNX export is an optional extra (.[onnx])")
@@ -27,20 +27,9 @@ ENV = {"HF_HUB_OFFLINE": "1", "OMP_NUM_THREADS": "1", "PATH": "/usr/bin:/bin"}
 
 
 def peaky_model(seed=0, normalize_before=False):
-    """Weights drawn large enough that every source gets its own, confident translation, of lengths from 0 to
-    the budget (seed 0), so that a search that ranks or stops differently from generate() shows."""
-    model = tiny_model(seed=seed, normalize_before=normalize_before)
-    generator = torch.Generator().manual_seed(seed)
-    with torch.no_grad():
-        for name, parameter in model.named_parameters():
-            noise = torch.randn(parameter.shape, generator=generator)
-            if name.endswith("layer_norm.weight"):
-                parameter.copy_(1 + 0.5 * noise)
-            elif name == "model.shared.weight":
-                parameter.copy_(0.5 * noise)
-            else:
-                parameter.copy_((0.25 if name.endswith("weight") else 0.1) * noise)
-    return model.eval()
+    """Confident translations of lengths from 0 to the budget (seed 0), so that a search that ranks or stops
+    differently from generate() shows."""
+    return confident_model(normalize_before, seed, weight_scale=0.25, embedding_scale=0.5, quiet_eos=False)
 
 
 @pytest.fixture(scope="module")

@@ -98,9 +98,9 @@ def test_bad_config_overrides_are_named(tmp_path):
 
 
 def test_config_overrides_read_json_and_pythons_constants():
-    from vanilla_transformer.training.run import _parse_overrides
+    from vanilla_transformer.training.run import parse_config_overrides
 
-    assert _parse_overrides("dropout=0.3,scale_embedding=False,normalize_before=true,activation_function=gelu") == {
+    assert parse_config_overrides("dropout=0.3,scale_embedding=False,normalize_before=true,activation_function=gelu") == {
         "dropout": 0.3, "scale_embedding": False, "normalize_before": True, "activation_function": "gelu"}
 
 

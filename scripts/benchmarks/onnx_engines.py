@@ -140,7 +140,10 @@ def browser(export_dir, sources, screenshot: Path, timeout=600):
     server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), lambda *a: handler(*a, directory=str(site)))
     threading.Thread(target=server.serve_forever, daemon=True).start()
     url = f"http://127.0.0.1:{server.server_port}/index.html"
-    base = [chromium, "--headless=new", "--no-sandbox", "--disable-gpu", "--user-data-dir=" + str(site / "profile")]
+    # No background networking: this machine's closed network refuses Chromium's own connections.
+    base = [chromium, "--headless=new", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
+            "--disable-background-networking", "--disable-component-update", "--disable-sync",
+            "--user-data-dir=" + str(site / "profile")]
     start = time.perf_counter()
     page = subprocess.Popen([*base, "--remote-debugging-port=0", url], stdout=subprocess.DEVNULL,
                             stderr=subprocess.DEVNULL)

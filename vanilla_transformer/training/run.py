@@ -99,7 +99,8 @@ def build_tokenizer(model_args: ModelArguments, train_split, data: DataArguments
         data.max_source_length, data.max_target_length))
 
 
-def _parse_overrides(text: str | None) -> dict:
+def parse_config_overrides(text: str | None) -> dict:
+    """`--config_overrides`' "field=value,field=value" as a dict of JSON (or Python-constant) values."""
     overrides = {}
     for item in filter(None, (text or "").split(",")):
         name, sep, value = item.partition("=")
@@ -115,7 +116,7 @@ def _parse_overrides(text: str | None) -> dict:
 
 
 def build_model(model_args: ModelArguments, recipe: RecipeArguments, tokenizer):
-    overrides = {**_parse_overrides(model_args.config_overrides), "label_smoothing": recipe.label_smoothing}
+    overrides = {**parse_config_overrides(model_args.config_overrides), "label_smoothing": recipe.label_smoothing}
     kwargs = {"attn_implementation": model_args.attn_implementation} if model_args.attn_implementation else {}
     if model_args.model_name_or_path is not None:
         # Passed to from_pretrained so they reach the modules (dropout rates), not only the config object.
@@ -319,6 +320,6 @@ def evaluate_bleu(model, tokenizer, split, data: DataArguments, batch_size: int 
 
 
 __all__ = ["run", "check_run_can_start", "check_recipe_fits_the_run", "check_output_dir_is_free", "load_raw_splits",
-           "build_tokenizer", "build_model", "tokenize_splits", "build_trainer", "train", "finish_folder",
+           "build_tokenizer", "parse_config_overrides", "build_model", "tokenize_splits", "build_trainer", "train", "finish_folder",
            "write_model_card",
            "evaluate_bleu"]
