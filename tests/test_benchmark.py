@@ -349,3 +349,18 @@ def test_the_cpu_precision_benchmark_times_both_precisions_of_both_models(tmp_pa
     assert all(row["step_s"] > 0 for row in results["systems"].values())
     assert isinstance(results["native_bf16"], bool)
     assert {path.name for path in tmp_path.iterdir()} == {"cpu_precision.json", "cpu_precision.md"}
+
+
+@pytest.mark.parametrize("overrides, message", [
+    (dict(precision="bfloat16"), r"--precision must be one of \('auto', 'bf16', 'fp32'\), got 'bfloat16'"),
+    (dict(average_last_checkpoints=-1), r"--average_last_checkpoints must be 0 \(no averaging\) or more, got -1"),
+    (dict(max_steps=300, save_steps=100, average_last_checkpoints=5),
+     r"--average_last_checkpoints 5 needs that many checkpoints, but --max_steps 300 with --save_steps 100 writes 3"),
+])
+def test_the_parity_run_refuses_settings_it_could_not_honour_before_preparing_anything(tmp_path, overrides, message):
+    from scripts.benchmarks.quality_parity import ParitySettings, run_parity
+
+    settings = ParitySettings(work_dir=str(tmp_path / "work"), **overrides)
+    with pytest.raises(ValueError, match=message):
+        run_parity(settings)
+    assert not (tmp_path / "work").exists()

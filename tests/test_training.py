@@ -100,7 +100,8 @@ def test_bad_config_overrides_are_named(tmp_path):
 def test_config_overrides_read_json_and_pythons_constants():
     from vanilla_transformer.training.run import parse_config_overrides
 
-    assert parse_config_overrides("dropout=0.3,scale_embedding=False,normalize_before=true,activation_function=gelu") == {
+    text = "dropout=0.3,scale_embedding=False,normalize_before=true,activation_function=gelu"
+    assert parse_config_overrides(text) == {
         "dropout": 0.3, "scale_embedding": False, "normalize_before": True, "activation_function": "gelu"}
 
 

@@ -76,11 +76,13 @@ from vanilla_transformer.training import (  # noqa: E402
 )
 from vanilla_transformer.training.arguments import native_bf16  # noqa: E402
 from vanilla_transformer.training.run import parse_config_overrides  # noqa: E402
-from scripts.recipes.multi30k_en_de import RECIPE  # noqa: E402
 from vanilla_transformer.tools.translation import translate  # noqa: E402
+
+from scripts.recipes.multi30k_en_de import RECIPE  # noqa: E402
 
 MODELS = ("ours", "marian")
 INITS = ("own", "ours", "marian")
+PRECISIONS = ("auto", "bf16", "fp32")
 
 
 @dataclass
@@ -226,7 +228,8 @@ def train_and_score(kind: str, settings: ParitySettings) -> dict:
         "parameters": sum(p.numel() for p in model.parameters() if p.requires_grad),  # not Marian's position tables
         "bleu": scores["bleu"], "chrf": scores["chrf"], "bleu_signature": scores["bleu_signature"],
         "train_loss": train_result.training_loss, "steps": trainer.state.global_step,
-        "epochs": trainer.state.epoch, "bf16": bf16, "train_seconds": train_seconds, "decode_seconds": decode_seconds,
+        "epochs": trainer.state.epoch, "bf16": bf16, "train_seconds": train_seconds,
+        "decode_seconds": decode_seconds,
         "log_history": trainer.state.log_history,
         "greedy_bleu_curve": callbacks[0].curve if callbacks else [],
     }
@@ -239,8 +242,8 @@ def prepare(settings: ParitySettings) -> dict:
     tokenized = DatasetDict({split: tokenize_parallel(raw[split], tokenizer, "en", "de", 128, 128)[0]
                              for split in raw})
     config = VanillaTransformerConfig.from_preset(
-        settings.preset, **parse_config_overrides(settings.config_overrides), vocab_size=len(tokenizer), pad_token_id=tokenizer.pad_token_id,
-        bos_token_id=tokenizer.bos_token_id, eos_token_id=tokenizer.eos_token_id,
+        settings.preset, **parse_config_overrides(settings.config_overrides), vocab_size=len(tokenizer),
+        pad_token_id=tokenizer.pad_token_id, bos_token_id=tokenizer.bos_token_id, eos_token_id=tokenizer.eos_token_id,
         decoder_start_token_id=tokenizer.bos_token_id, label_smoothing=settings.label_smoothing)
     work = Path(settings.work_dir)
     work.mkdir(parents=True, exist_ok=True)
@@ -261,7 +264,22 @@ def prepare(settings: ParitySettings) -> dict:
             "validation_examples": len(tokenized["validation"]), "checks": checks}
 
 
+def check_settings(settings: ParitySettings):
+    """Refuse, before any data is prepared, what would fail or silently differ after the trainings."""
+    if settings.precision not in PRECISIONS:
+        raise ValueError(f"--precision must be one of {PRECISIONS}, got {settings.precision!r}.")
+    if settings.average_last_checkpoints < 0:
+        raise ValueError(f"--average_last_checkpoints must be 0 (no averaging) or more, got "
+                         f"{settings.average_last_checkpoints}.")
+    saved = settings.max_steps // settings.save_steps if settings.save_steps > 0 else 0
+    if settings.average_last_checkpoints > saved:
+        raise ValueError(f"--average_last_checkpoints {settings.average_last_checkpoints} needs that many "
+                         f"checkpoints, but --max_steps {settings.max_steps} with --save_steps {settings.save_steps} "
+                         f"writes {saved}.")
+
+
 def run_parity(settings: ParitySettings) -> dict:
+    check_settings(settings)
     start = time.perf_counter()
     if settings.work_dir is None:
         settings = replace(settings, work_dir=tempfile.mkdtemp(prefix="vanilla_transformer_parity_"))
@@ -333,15 +351,15 @@ def render_report(results: dict, command: str, plot_name: str) -> str:
 
 `{command}`
 
-Both models: preset `{s['preset']}` with `{s['config_overrides']}`, shared BPE of {results['vocab_size']} tokens, ReLU, post-LN, scaled shared
-and tied embeddings; `PaperTrainer` with the Noam schedule (warmup {s['noam_warmup_steps']}, factor
-{s['noam_factor']}), label smoothing {s['label_smoothing']} (our model's loss function, Marian's through
+Both models: preset `{s['preset']}` with `{s['config_overrides']}`, shared BPE of {results['vocab_size']} tokens,
+ReLU, post-LN, scaled shared and tied embeddings; `PaperTrainer` with the Noam schedule (warmup
+{s['noam_warmup_steps']}, factor {s['noam_factor']}), label smoothing {s['label_smoothing']} (our model's loss function, Marian's through
 `compute_loss_func`), token batches of
 {s['max_tokens_per_batch']} padded tokens per side (identical batches for both), {s['max_steps']} steps, seed
 {s['seed']}, {'bf16 autocast' if runs['ours']['bf16'] else 'float32'}, initialisation: {init}; scored:
 {f"the average of the last {s['average_last_checkpoints']} checkpoints (one every {s['save_steps']} steps)"
- if s['average_last_checkpoints'] else 'the last weights'}. Validation: all {results['validation_examples']} sentences of val,
-beam {s['num_beams']}, length penalty {s['length_penalty']} (|Y|^α), at most {s['max_new_tokens']} new tokens.
+ if s['average_last_checkpoints'] else 'the last weights'}. Validation: all {results['validation_examples']} sentences
+of val, beam {s['num_beams']}, length penalty {s['length_penalty']} (|Y|^α), at most {s['max_new_tokens']} new tokens.
 
 | run | class | parameters | steps | epochs | train loss | last val loss | BLEU | chrF | train min | decode min |
 |---|---|---|---|---|---|---|---|---|---|---|

@@ -320,6 +320,5 @@ def evaluate_bleu(model, tokenizer, split, data: DataArguments, batch_size: int 
 
 
 __all__ = ["run", "check_run_can_start", "check_recipe_fits_the_run", "check_output_dir_is_free", "load_raw_splits",
-           "build_tokenizer", "parse_config_overrides", "build_model", "tokenize_splits", "build_trainer", "train", "finish_folder",
-           "write_model_card",
-           "evaluate_bleu"]
+           "build_tokenizer", "parse_config_overrides", "build_model", "tokenize_splits", "build_trainer", "train",
+           "finish_folder", "write_model_card", "evaluate_bleu"]
