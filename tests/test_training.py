@@ -64,6 +64,18 @@ def test_the_noam_schedule_drives_the_trainer(tmp_path):
         assert lr == pytest.approx(d_model**-0.5 * min(step**-0.5, step * warmup**-1.5), rel=1e-6)
 
 
+def test_checkpoints_saved_after_a_generating_evaluation_keep_the_models_generation_config(tmp_path):
+    arguments = TINY_RUN + ["--output_dir", str(tmp_path / "run"), "--max_eval_samples", "2", "--save_steps", "4",
+                            "--eval_steps", "4", "--generation_num_beams", "1"]
+    for flag, value in (("--save_strategy", "steps"), ("--eval_strategy", "steps")):
+        arguments[arguments.index(flag) + 1] = value
+    run(*parse(arguments))
+    final = json.loads((tmp_path / "run" / "generation_config.json").read_text())
+    for step in (4, 8):
+        saved = json.loads((tmp_path / "run" / f"checkpoint-{step}" / "generation_config.json").read_text())
+        assert "max_length" not in saved and saved == final and saved["num_beams"] == 4
+
+
 def test_a_learning_rate_other_than_one_is_refused_with_noam(tmp_path):
     parsed = parse(TINY_RUN + ["--output_dir", str(tmp_path / "run"), "--learning_rate", "5e-4"])
     with pytest.raises(ValueError, match="learning_rate must be 1.0"):

@@ -11,7 +11,7 @@ from dataclasses import asdict
 from pathlib import Path
 
 from datasets import DatasetDict
-from transformers import AutoModelForSeq2SeqLM, AutoTokenizer, GenerationConfig, enable_full_determinism, set_seed
+from transformers import AutoModelForSeq2SeqLM, AutoTokenizer, enable_full_determinism, set_seed
 
 from ..configuration_vanilla_transformer import VanillaTransformerConfig, paper_generation_config
 from ..data.batching import TranslationDataCollator, example_lengths, plan_token_batches
@@ -238,14 +238,9 @@ def build_trainer(model, tokenizer, train_set, eval_set, recipe: RecipeArguments
 
 def train(trainer: PaperTrainer, args: TranslationTrainingArguments) -> dict:
     """Train (resuming where asked) and save the last step's weights into --output_dir; returns Trainer's metrics."""
-    model = trainer.model
-    generation_config = GenerationConfig.from_dict(model.generation_config.to_dict())
     result = trainer.train(resume_from_checkpoint=resolve_checkpoint(args.resume_from_checkpoint, args.output_dir,
                                                                       args.world_size))
-    # Trainer switches the cache off for training and evaluation fills the generation config with
-    # global defaults; restore both so the saved model decodes as the paper does.
-    model.config.use_cache = True
-    model.generation_config = generation_config
+    trainer.model.config.use_cache = True  # Trainer switches the cache off for training
     if trainer.is_fsdp_enabled:  # one loadable safetensors file, not shards, in the final folder
         trainer.accelerator.state.fsdp_plugin.set_state_dict_type("FULL_STATE_DICT")
     trainer.save_model(args.output_dir)  # on every rank: FSDP and DeepSpeed gather the weights collectively

@@ -1,5 +1,7 @@
 """`Seq2SeqTrainer` with the paper's schedule (§5.3) and token-based batches (§5.1)."""
 
+import copy
+
 import torch
 from transformers import Seq2SeqTrainer
 
@@ -35,6 +37,15 @@ class PaperTrainer(Seq2SeqTrainer):
         if self.max_tokens_per_batch is None:
             return super().get_train_dataloader()
         return token_batch_train_dataloader(self, self.max_tokens_per_batch)
+
+    def prediction_step(self, model, inputs, prediction_loss_only, ignore_keys=None, **gen_kwargs):
+        # Seq2SeqTrainer fills the model's generation config with transformers' global defaults (max_length 20,
+        # ...) when it generates; every checkpoint saved after an evaluation would then decode with them.
+        generation_config = copy.deepcopy(self.model.generation_config)
+        try:
+            return super().prediction_step(model, inputs, prediction_loss_only, ignore_keys=ignore_keys, **gen_kwargs)
+        finally:
+            self.model.generation_config = generation_config
 
     def create_scheduler(self, num_training_steps, optimizer=None):
         if self.noam_schedule is None or self.lr_scheduler is not None:
