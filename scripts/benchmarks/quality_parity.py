@@ -183,6 +183,8 @@ def train_and_score(kind: str, settings: ParitySettings) -> dict:
     raw_validation = load_from_disk(str(work / "raw_validation"))
     config = VanillaTransformerConfig.from_json_file(work / "config.json")
     model = _build_model(kind, config, settings)
+    # Counted before training: a reloaded Marian marks its sinusoidal position tables trainable.
+    parameters = sum(p.numel() for p in model.parameters() if p.requires_grad)
     generation_config = decoding_config(settings, config)
     sources = [pair["en"] for pair in raw_validation["translation"]]
     references = [pair["de"] for pair in raw_validation["translation"]]
@@ -225,7 +227,7 @@ def train_and_score(kind: str, settings: ParitySettings) -> dict:
     (work / f"{kind}_validation_translations.txt").write_text("".join(h + "\n" for h in hypotheses), encoding="utf-8")
     return {
         "model": type(model).__name__,
-        "parameters": sum(p.numel() for p in model.parameters() if p.requires_grad),  # not Marian's position tables
+        "parameters": parameters,
         "bleu": scores["bleu"], "chrf": scores["chrf"], "bleu_signature": scores["bleu_signature"],
         "train_loss": train_result.training_loss, "steps": trainer.state.global_step,
         "epochs": trainer.state.epoch, "bf16": bf16, "train_seconds": train_seconds,
