@@ -41,11 +41,13 @@ class PaperTrainer(Seq2SeqTrainer):
     def prediction_step(self, model, inputs, prediction_loss_only, ignore_keys=None, **gen_kwargs):
         # Seq2SeqTrainer fills the model's generation config with transformers' global defaults (max_length 20,
         # ...) when it generates; every checkpoint saved after an evaluation would then decode with them.
-        generation_config = copy.deepcopy(self.model.generation_config)
+        # Restored on the unwrapped model, the one checkpoints save (an FSDP wrapper would keep the attribute itself).
+        unwrapped = self.accelerator.unwrap_model(self.model)
+        generation_config = copy.deepcopy(unwrapped.generation_config)
         try:
             return super().prediction_step(model, inputs, prediction_loss_only, ignore_keys=ignore_keys, **gen_kwargs)
         finally:
-            self.model.generation_config = generation_config
+            unwrapped.generation_config = generation_config
 
     def create_scheduler(self, num_training_steps, optimizer=None):
         if self.noam_schedule is None or self.lr_scheduler is not None:
