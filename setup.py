@@ -5,8 +5,8 @@ from setuptools import find_packages, setup
 TRAIN = ["datasets>=3.0", "accelerate>=1.0", "evaluate>=0.4", "sacrebleu>=2.4", "sacremoses>=0.1", "tokenizers>=0.23",
          "matplotlib>=3.7", "tensorboard>=2.14", "tqdm>=4.60",
          "jinja2>=3.1"]
-CTRANSLATE2 = ["ctranslate2>=4.8"]  # the export to CTranslate2 (vanilla_transformer.tools.export)
-# The ONNX export (torch.onnx's dynamo exporter writes through onnxscript) and its engine (tools.onnx_export).
+CTRANSLATE2 = ["ctranslate2>=4.8"]  # the export to CTranslate2 and its engine (vanilla_transformer.tools.ctranslate2)
+# The ONNX export (torch.onnx's dynamo exporter writes through onnxscript) and its engine (vanilla_transformer.tools.onnx).
 ONNX = ["onnx>=1.18", "onnxscript>=0.5", "onnxruntime>=1.22"]
 
 setup(

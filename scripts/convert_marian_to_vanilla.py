@@ -8,7 +8,7 @@ import argparse
 from pathlib import Path
 
 from vanilla_transformer.tools.folders import check_output_dir
-from vanilla_transformer.tools.conversion import convert_marian
+from vanilla_transformer.tools.marian import convert_marian
 
 
 def main(argv=None):
@@ -24,8 +24,8 @@ def main(argv=None):
     args = parser.parse_args(argv)
     try:  # refused before anything is read or written, naming the flag
         check_output_dir(args.output_dir)
-    except ValueError:
-        parser.error(f"--output_dir {args.output_dir} exists and is not empty; it is never overwritten: choose a new folder")
+    except ValueError as error:
+        parser.error(f"--output_dir {error}")
     if not Path(args.marian_dir).is_dir():
         parser.error(f"--marian_dir {args.marian_dir}: no such folder")
     try:

@@ -11,7 +11,8 @@ from pathlib import Path
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
-from vanilla_transformer.tools.export import export_ctranslate2  # noqa: E402
+from vanilla_transformer.tools.ctranslate2 import export_ctranslate2  # noqa: E402
+from vanilla_transformer.tools.folders import check_output_dir  # noqa: E402
 
 
 def main(argv=None):
@@ -27,8 +28,10 @@ def main(argv=None):
     # Refused before anything is loaded or written, naming the flag.
     if not (Path(args.model) / "config.json").is_file():
         parser.error(f"--model {args.model}: not a saved model folder (no config.json there)")
-    if Path(args.output_dir).exists() and (not Path(args.output_dir).is_dir() or any(Path(args.output_dir).iterdir())):
-        parser.error(f"--output_dir {args.output_dir} exists and is not empty; it is never overwritten: choose a new folder")
+    try:
+        check_output_dir(args.output_dir)
+    except ValueError as error:
+        parser.error(f"--output_dir {error}")
     if args.max_positions < 3:
         parser.error(f"--max_positions must be at least 3, got {args.max_positions}")
     try:

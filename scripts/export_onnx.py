@@ -14,7 +14,9 @@ from pathlib import Path
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
-from vanilla_transformer.tools.onnx_export import QUANTIZATIONS, export_onnx  # noqa: E402
+from vanilla_transformer.tools.folders import check_output_dir  # noqa: E402
+from vanilla_transformer.tools.onnx import export_onnx  # noqa: E402
+from vanilla_transformer.tools.onnx.runtime import QUANTIZATIONS  # noqa: E402
 
 
 def main(argv=None):
@@ -29,8 +31,10 @@ def main(argv=None):
     # Refused before anything is loaded or written, naming the flag.
     if not (Path(args.model) / "config.json").is_file():
         parser.error(f"--model {args.model}: not a saved model folder (no config.json there)")
-    if Path(args.output_dir).exists() and (not Path(args.output_dir).is_dir() or any(Path(args.output_dir).iterdir())):
-        parser.error(f"--output_dir {args.output_dir} exists and is not empty; it is never overwritten: choose a new folder")
+    try:
+        check_output_dir(args.output_dir)
+    except ValueError as error:
+        parser.error(f"--output_dir {error}")
     if args.quantize not in QUANTIZATIONS:
         parser.error(f"--quantize {args.quantize}: choose int8 (or leave it out for float32 only)")
     try:

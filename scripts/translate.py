@@ -9,17 +9,13 @@
 """
 
 import argparse
-import re
 import sys
 from pathlib import Path
 
 import torch
-from transformers import AutoModelForSeq2SeqLM, AutoTokenizer
 
 import vanilla_transformer  # noqa: F401  registers the model with the Auto classes
-from vanilla_transformer.tools.export import translate_ctranslate2
-from vanilla_transformer.tools.onnx_export import translate_onnx
-from vanilla_transformer.tools.translation import cross_attention, translate
+from vanilla_transformer.tools.translation import ENGINES, InputTooLong, cross_attention, load_translator
 
 
 def main(argv=None):
@@ -27,7 +23,7 @@ def main(argv=None):
     parser.add_argument("--model", required=True, help="A folder saved by scripts/train.py (or a Hub id), or with "
                                                         "--engine ctranslate2 one written by scripts/export_ctranslate2.py, "
                                                         "with --engine onnxruntime by scripts/export_onnx.py.")
-    parser.add_argument("--engine", choices=("transformers", "ctranslate2", "onnxruntime"), default="transformers")
+    parser.add_argument("--engine", choices=ENGINES, default="transformers")
     parser.add_argument("--quantized", choices=("int8",), default=None,
                         help="--engine onnxruntime: run the export's int8 graphs (default: float32)")
     parser.add_argument("--input", default="-", help="One sentence per line; '-' reads stdin.")
@@ -54,31 +50,22 @@ def main(argv=None):
     source = sys.stdin if args.input == "-" else open(args.input, encoding="utf-8")
     with source:
         lines = [line.rstrip("\n") for line in source]
-    generate_kwargs = {k: v for k, v in (("num_beams", args.num_beams), ("max_new_tokens", args.max_new_tokens))
-                       if v is not None}
     # Empty lines stay empty rather than being sent to the model.
     indices = [i for i, line in enumerate(lines) if line.strip()]
+    translator = load_translator(args.engine, args.model, device=args.device, quantized=args.quantized)
     try:
-        if args.engine == "ctranslate2":
-            translations = translate_ctranslate2(args.model, [lines[i] for i in indices], batch_size=args.batch_size,
-                                                 device=args.device, **generate_kwargs)
-        elif args.engine == "onnxruntime":
-            translations = translate_onnx(args.model, [lines[i] for i in indices], batch_size=args.batch_size,
-                                          quantized=args.quantized, **generate_kwargs)
-        else:
-            model = AutoModelForSeq2SeqLM.from_pretrained(args.model).to(args.device)
-            tokenizer = AutoTokenizer.from_pretrained(args.model)
-            translations = translate(model, tokenizer, [lines[i] for i in indices], batch_size=args.batch_size,
-                                     progress=args.output != "-", **generate_kwargs)
-    except ValueError as error:  # name the input line, not the index among non-empty lines
-        too_long = re.match(r"`texts\[(\d+)\]`(.*)", str(error), re.S)
-        if too_long is None:
-            raise
-        parser.exit(1, f"{parser.prog}: error: --input line {indices[int(too_long[1])] + 1}{too_long[2]}\n")
+        translations = translator.translate([lines[i] for i in indices], batch_size=args.batch_size,
+                                            num_beams=args.num_beams, max_new_tokens=args.max_new_tokens,
+                                            progress=args.output != "-")
+    except InputTooLong as error:
+        parser.exit(1, f"{parser.prog}: error: {error.describe(f'--input line {indices[error.index] + 1}')}\n")
     if args.attention_map and indices:
         from vanilla_transformer.tools.plots import plot_cross_attention
 
-        plot_cross_attention(cross_attention(model, tokenizer, lines[indices[0]], **generate_kwargs), args.attention_map)
+        generate_kwargs = {k: v for k, v in (("num_beams", args.num_beams), ("max_new_tokens", args.max_new_tokens))
+                           if v is not None}
+        attention = cross_attention(translator.model, translator.tokenizer, lines[indices[0]], **generate_kwargs)
+        plot_cross_attention(attention, args.attention_map)
     output = [""] * len(lines)
     for i, text in zip(indices, translations):
         output[i] = text

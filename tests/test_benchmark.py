@@ -285,8 +285,8 @@ def test_the_marian_baseline_computes_our_network_and_trains_on_our_objective():
 
     from conftest import random_batch, tiny_model
     from scripts.benchmarks.quality_parity import label_smoothed_loss_func
-    from vanilla_transformer.tools.conversion import copy_weights_into_marian
-    from vanilla_transformer.tools.conversion import marian_config_like
+    from vanilla_transformer.tools.marian import copy_weights_into_marian
+    from vanilla_transformer.tools.marian import marian_config_like
 
     ours = tiny_model(label_smoothing=0.1)
     marian = MarianMTModel(marian_config_like(ours.config)).eval()
@@ -307,7 +307,7 @@ def test_the_package_imports_no_peer_model_profiler_benchmark_or_private_name():
     import ast
 
     code = ("import sys, vanilla_transformer, vanilla_transformer.training, vanilla_transformer.tools.hub, "
-            "vanilla_transformer.data, vanilla_transformer.tools.export; "
+            "vanilla_transformer.data, vanilla_transformer.tools.ctranslate2; "
             "print(','.join(sorted(sys.modules)))")
     loaded = set(subprocess.run([sys.executable, "-c", code], check=True, capture_output=True, text=True,
                                 cwd=Path(__file__).resolve().parents[1]).stdout.strip().split(","))
@@ -323,7 +323,7 @@ def test_the_package_imports_no_peer_model_profiler_benchmark_or_private_name():
                 for name in [module or "", *names]:
                     assert name.split(".")[0] not in {"cProfile", "pstats", "profile"}, path.name
                     assert "profiler" not in name and "benchmark" not in name and "parity" not in name, path.name
-                if path.name != "conversion.py":  # the Marian converter reads Marian, by design
+                if path.name != "marian.py":  # the Marian converter reads Marian, by design
                     assert not any(n.startswith("Marian") for n in names), path.name
                 if isinstance(node, ast.ImportFrom) and node.level:
                     assert not any(n.startswith("_") for n in names), f"{path.name} imports {names} from .{module}"

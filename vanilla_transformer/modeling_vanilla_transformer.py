@@ -585,11 +585,16 @@ class VanillaTransformerForConditionalGeneration(VanillaTransformerPreTrainedMod
         return super()._check_early_stop_heuristic(**kwargs)
 
 
+def gnmt_length_penalty(length: int, alpha: float) -> float:
+    """GNMT's length penalty ((5 + |Y|) / 6)^alpha (Wu et al., 2016), which the paper's beam search divides by."""
+    return ((5 + length) / 6) ** alpha
+
+
 def _gnmt_exponent(length: int, alpha: float) -> float:
-    """The e with length ** e == ((5 + length) / 6) ** alpha (any e fits length 1, where both sides are 1)."""
-    return alpha if length <= 1 else alpha * math.log((5 + length) / 6) / math.log(length)
+    """The e with length ** e == gnmt_length_penalty(length, alpha) (any e fits length 1, where both are 1)."""
+    return alpha if length <= 1 else math.log(gnmt_length_penalty(length, alpha)) / math.log(length)
 
 
 __all__ = ["VanillaTransformerPreTrainedModel", "VanillaTransformerModel", "VanillaTransformerForConditionalGeneration",
            "SinusoidalPositionalEncoding", "ScaledEmbedding", "label_smoothed_cross_entropy", "shift_tokens_right",
-           "check_token_ids"]
+           "check_token_ids", "gnmt_length_penalty"]

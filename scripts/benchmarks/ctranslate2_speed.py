@@ -25,7 +25,7 @@ import torch  # noqa: E402
 from .toolkit import environment, load_multi30k, multi30k_missing, time_interleaved, write_report  # noqa: E402
 from transformers import AutoModelForSeq2SeqLM, AutoTokenizer, GenerationConfig, MarianMTModel  # noqa: E402
 
-from vanilla_transformer.tools.conversion import copy_weights_into_marian, marian_config_like  # noqa: E402
+from vanilla_transformer.tools.marian import copy_weights_into_marian, marian_config_like  # noqa: E402
 from vanilla_transformer.tools.export import export_ctranslate2, translate_ctranslate2  # noqa: E402
 from vanilla_transformer.training.metrics import corpus_scores  # noqa: E402
 from vanilla_transformer.tools.translation import translate  # noqa: E402

@@ -56,7 +56,7 @@ from transformers import (  # noqa: E402
 )
 
 from vanilla_transformer.configuration_vanilla_transformer import VanillaTransformerConfig  # noqa: E402
-from vanilla_transformer.tools.conversion import (  # noqa: E402
+from vanilla_transformer.tools.marian import (  # noqa: E402
     marian_config_like,
     state_dict_from_marian,
     copy_weights_into_marian,

@@ -15,7 +15,7 @@ from .toolkit import cores
 from transformers import GenerationConfig, MarianMTModel
 
 from vanilla_transformer.configuration_vanilla_transformer import PRESETS, VanillaTransformerConfig
-from vanilla_transformer.tools.conversion import marian_config_like
+from vanilla_transformer.tools.marian import marian_config_like
 from vanilla_transformer.modeling_vanilla_transformer import VanillaTransformerForConditionalGeneration
 
 

@@ -75,7 +75,7 @@ def check_output_dir(output_dir: str | os.PathLike) -> Path:
     """Never overwrite what a user saved: the output folder must not exist, or be empty."""
     output_dir = Path(output_dir)
     if output_dir.exists() and (not output_dir.is_dir() or any(output_dir.iterdir())):
-        raise ValueError(f"Output directory {output_dir} already exists and is not empty; choose a new one.")
+        raise ValueError(f"{output_dir} exists and is not empty; it is never overwritten: choose a new folder")
     return output_dir
 
 

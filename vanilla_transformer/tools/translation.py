@@ -1,38 +1,143 @@
-"""Batch translation with beam search: sorted by length so batches hold little padding, returned in input order."""
+"""Batch translation, one loop for every engine: tokenize, sort by length so batches hold little padding, give each
+batch its length budget, decode, and return the translations in the input order. The engines behind it are
+`generate()` (`GenerateTranslator`, this module), CTranslate2 (`tools.ctranslate2.CTranslate2Translator`) and
+onnxruntime (`tools.onnx.OnnxTranslator`)."""
 
+import numpy as np
 import torch
 from tqdm.auto import tqdm
 
 
+class InputTooLong(ValueError):
+    """`texts[index]` has more tokens than the engine (or the caller's `max_source_length`) takes; `describe`
+    names the input the caller's way (a line of a file, say)."""
+
+    def __init__(self, index: int, tokens: int, limit: int, text: str, what: str, remedy: str):
+        self.index, self.tokens, self.limit, self.text, self.what, self.remedy = index, tokens, limit, text, what, remedy
+        super().__init__(self.describe(f"`texts[{index}]`"))
+
+    def describe(self, name: str) -> str:
+        return f"{name} has {self.tokens} tokens, more than {self.what}: {self.text[:80]!r}. {self.remedy}"
+
+
+class Translator:
+    """The loop. An engine sets `tokenizer`, `decoding` (the model's saved settings: num_beams, max_new_tokens,
+    max_new_tokens_over_input, max_length), optionally `max_positions` (the longest input it takes), and
+    implements `generate(input_ids, attention_mask, num_beams, max_new_tokens)` on one right-padded numpy batch,
+    returning one sequence of token ids per row."""
+
+    tokenizer = None
+    decoding: dict = {}
+    max_positions: int | None = None
+
+    def generate(self, input_ids: np.ndarray, attention_mask: np.ndarray, num_beams: int, max_new_tokens: int):
+        raise NotImplementedError
+
+    def budget(self, source_length: int, max_new_tokens: int | None) -> int | None:
+        """New tokens a batch may decode: the caller's, else the saved one, else its longest source plus the
+        saved offset (§6.1: input length + 50), else what `max_length` leaves after the decoder's start token."""
+        if max_new_tokens is not None:
+            return max_new_tokens
+        if self.decoding.get("max_new_tokens") is not None:
+            return self.decoding["max_new_tokens"]
+        offset = self.decoding.get("max_new_tokens_over_input")
+        return source_length + offset if offset is not None else self.decoding["max_length"] - 1
+
+    def translate(self, texts: list[str], batch_size: int = 64, num_beams: int | None = None,
+                  max_new_tokens: int | None = None, max_source_length: int | None = None,
+                  progress: bool = False) -> list[str]:
+        """Translate `texts`, returned in their order; `num_beams` / `max_new_tokens` override the saved settings.
+        An input longer than `max_source_length` (or than the engine takes) raises `InputTooLong` before any
+        decoding."""
+        if isinstance(texts, str):
+            raise TypeError("`texts` must be a list of strings, not one string.")
+        for name, value in (("batch_size", batch_size), ("num_beams", num_beams), ("max_new_tokens", max_new_tokens)):
+            if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 1):
+                raise ValueError(f"`{name}` must be an int of at least 1, got {value!r}.")
+        texts = list(texts)
+        ids = self.tokenizer(texts)["input_ids"] if texts else []
+        self._check_lengths(texts, ids, max_source_length)
+        order = sorted(range(len(texts)), key=lambda i: -len(ids[i]))
+        results: list[str | None] = [None] * len(texts)
+        beams = num_beams or self.decoding.get("num_beams") or 1
+        for start in tqdm(range(0, len(order), batch_size), desc="translating", disable=not progress, unit="batch"):
+            indices = order[start:start + batch_size]
+            batch = self.tokenizer.pad({"input_ids": [ids[i] for i in indices]}, return_tensors="np")
+            output = self.generate(batch["input_ids"], batch["attention_mask"], beams,
+                                   self.budget(batch["input_ids"].shape[1], max_new_tokens))
+            for i, text in zip(indices, self.tokenizer.batch_decode(output, skip_special_tokens=True)):
+                results[i] = text.strip()
+        return results
+
+    def _check_lengths(self, texts, ids, max_source_length):
+        limits = [(max_source_length, f"max_source_length={max_source_length}",
+                   "Raise the limit rather than have it cut silently."),
+                  (self.max_positions, f"the export's {self.max_positions} positions",
+                   "Export again with a larger max_positions.")]
+        for limit, what, remedy in limits:
+            if limit is None:
+                continue
+            for i, sentence in enumerate(ids):
+                if len(sentence) > limit:
+                    raise InputTooLong(i, len(sentence), limit, texts[i], what, remedy)
+
+
+class GenerateTranslator(Translator):
+    """The model itself through `generate()`, which applies its own length budget (`max_new_tokens_over_input`,
+    the same rule as `Translator.budget`) and any `generate_kwargs` (length_penalty_type, generation_config, ...)."""
+
+    def __init__(self, model, tokenizer, **generate_kwargs):
+        self.model, self.tokenizer, self.generate_kwargs = model, tokenizer, generate_kwargs
+        config = generate_kwargs.get("generation_config") or model.generation_config
+        self.decoding = {"num_beams": generate_kwargs.get("num_beams", config.num_beams)}
+
+    def budget(self, source_length, max_new_tokens):
+        return max_new_tokens
+
+    def generate(self, input_ids, attention_mask, num_beams, max_new_tokens):
+        device = next(self.model.parameters()).device
+        kwargs = {**self.generate_kwargs, "num_beams": num_beams}
+        if max_new_tokens is not None:
+            kwargs["max_new_tokens"] = max_new_tokens
+        self.model.eval()
+        with torch.inference_mode():
+            return self.model.generate(input_ids=torch.from_numpy(input_ids).to(device),
+                                       attention_mask=torch.from_numpy(attention_mask).to(device), **kwargs)
+
+
 def translate(model, tokenizer, texts: list[str], batch_size: int = 64, max_source_length: int | None = None,
               progress: bool = False, **generate_kwargs) -> list[str]:
-    """Translate `texts`; generate kwargs (num_beams, max_new_tokens, ...) override the generation config."""
-    if isinstance(texts, str):
-        raise TypeError("`texts` must be a list of strings, not one string.")
-    if batch_size < 1:
-        raise ValueError(f"`batch_size` must be at least 1, got {batch_size}.")
-    texts = list(texts)
-    lengths = [len(ids) for ids in tokenizer(texts)["input_ids"]] if texts else []
-    too_long = [i for i, n in enumerate(lengths) if max_source_length is not None and n > max_source_length]
-    if too_long:
-        i = too_long[0]
-        raise ValueError(
-            f"`texts[{i}]` has {lengths[i]} tokens, more than max_source_length={max_source_length}: "
-            f"{texts[i][:80]!r}. Raise the limit rather than have it cut silently."
-        )
-    order = sorted(range(len(texts)), key=lambda i: -lengths[i])
-    results: list[str | None] = [None] * len(texts)
-    device = next(model.parameters()).device
-    model.eval()
-    batches = range(0, len(order), batch_size)
-    for start in tqdm(batches, desc="translating", disable=not progress, unit="batch"):
-        indices = order[start:start + batch_size]
-        inputs = tokenizer([texts[i] for i in indices], return_tensors="pt", padding=True).to(device)
-        with torch.inference_mode():
-            output = model.generate(**inputs, **generate_kwargs)
-        for i, text in zip(indices, tokenizer.batch_decode(output, skip_special_tokens=True)):
-            results[i] = text.strip()
-    return results
+    """Translate `texts` with the model's `generate()`; generate kwargs (num_beams, max_new_tokens, ...) override
+    the generation config."""
+    num_beams, max_new_tokens = generate_kwargs.pop("num_beams", None), generate_kwargs.pop("max_new_tokens", None)
+    return GenerateTranslator(model, tokenizer, **generate_kwargs).translate(
+        texts, batch_size, num_beams, max_new_tokens, max_source_length, progress)
+
+
+ENGINES = ("transformers", "ctranslate2", "onnxruntime")
+
+
+def load_translator(engine: str, model_dir, device: str = "cpu", quantized: str | None = None,
+                    threads: int = 0) -> Translator:
+    """The translator for a folder: a saved model (or Hub id) through `generate()` ("transformers"), or an export
+    for "ctranslate2" or "onnxruntime" (`quantized="int8"`: its int8 graphs)."""
+    if engine not in ENGINES:
+        raise ValueError(f"engine={engine!r} is not one of {ENGINES}.")
+    if quantized is not None and engine != "onnxruntime":
+        raise ValueError(f"quantized={quantized!r} is for the onnxruntime engine (CTranslate2 exports are quantized "
+                         "when written).")
+    if engine == "ctranslate2":
+        from .ctranslate2 import CTranslate2Translator
+
+        return CTranslate2Translator(model_dir, device=device, threads=threads)
+    if engine == "onnxruntime":
+        from .onnx.runtime import OnnxTranslator
+
+        return OnnxTranslator(model_dir, quantized=quantized, threads=threads)
+    from transformers import AutoModelForSeq2SeqLM, AutoTokenizer
+
+    model = AutoModelForSeq2SeqLM.from_pretrained(model_dir).to(device)
+    return GenerateTranslator(model, AutoTokenizer.from_pretrained(model_dir))
 
 
 def cross_attention(model, tokenizer, text: str, **generate_kwargs) -> dict:
@@ -57,3 +162,7 @@ def cross_attention(model, tokenizer, text: str, **generate_kwargs) -> dict:
     return {"translation": tokenizer.decode(generated[0], skip_special_tokens=True).strip(),
             "source_tokens": tokenizer.convert_ids_to_tokens(inputs["input_ids"][0].tolist()),
             "target_tokens": tokenizer.convert_ids_to_tokens(generated[0, 1:].tolist()), "weights": weights}
+
+
+__all__ = ["Translator", "GenerateTranslator", "InputTooLong", "ENGINES", "load_translator", "translate",
+           "cross_attention"]

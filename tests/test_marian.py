@@ -12,8 +12,8 @@ from transformers.models.marian.modeling_marian import MarianSinusoidalPositiona
 
 from conftest import VOCAB, run_without_the_package, snapshot, tiny_tokenizer
 from vanilla_transformer import VanillaTransformerForConditionalGeneration
-from vanilla_transformer.tools import conversion
-from vanilla_transformer.tools.conversion import convert_marian, residual_permutation
+from vanilla_transformer.tools import marian
+from vanilla_transformer.tools.marian import convert_marian, residual_permutation
 from vanilla_transformer.modeling_vanilla_transformer import SinusoidalPositionalEncoding
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -105,7 +105,7 @@ def test_the_mapping_is_exact_in_float64_given_the_same_position_table(monkeypat
 def test_without_the_permutation_the_logits_differ(monkeypatch):
     """The control: the LayerNorm perturbation makes the permutation matter."""
     marian = tiny_marian()
-    monkeypatch.setattr(conversion, "residual_permutation", lambda d_model: torch.arange(d_model))
+    monkeypatch.setattr(marian, "residual_permutation", lambda d_model: torch.arange(d_model))
     batch = padded_batch()
     assert (logits(convert_marian(marian, verify=False), *batch) - logits(marian, *batch)).abs().max() > 0.1
 
@@ -209,12 +209,11 @@ def test_command_line_tool_converts_a_saved_folder(tmp_path):
 
 
 def test_a_wrong_conversion_is_refused_by_its_own_verification_before_anything_is_written(tmp_path, monkeypatch):
-    import vanilla_transformer.tools.conversion as conversion
     from vanilla_transformer.tools.verification import VerificationError
 
     marian = tiny_marian()
     # A converter bug: the residual stream left in Marian's [sin | cos] order.
-    monkeypatch.setattr(conversion, "residual_permutation", lambda d_model: torch.arange(d_model))
+    monkeypatch.setattr(marian, "residual_permutation", lambda d_model: torch.arange(d_model))
     with pytest.raises(VerificationError, match=r"logits differ from the model's by up to \d.*more than the "
                                                 r"tolerance 0.0001.*nothing was written"):
         convert_marian(marian, tmp_path / "wrong")
@@ -224,7 +223,7 @@ def test_a_wrong_conversion_is_refused_by_its_own_verification_before_anything_i
 
 
 def test_the_verification_passes_a_correct_conversion_and_reports_its_largest_difference():
-    from vanilla_transformer.tools.conversion import verify_against_marian
+    from vanilla_transformer.tools.marian import verify_against_marian
 
     marian = tiny_marian()
     assert 0 < verify_against_marian(marian, convert_marian(marian, verify=False)) <= ATOL_FLOAT32

@@ -1,5 +1,5 @@
-"""Export to ONNX in the layout transformers.js and Optimum use for translation models, and translate with it on
-onnxruntime.
+"""Export to ONNX in the layout transformers.js and Optimum use for translation models (the engine that runs it
+is `runtime`).
 
 The folder holds `onnx/encoder_model.onnx` and `onnx/decoder_model_merged.onnx` (with `_quantized` int8 twins
 when asked), `config.json`, `generation_config.json` and the tokenizer. The graphs are this model's own modules,
@@ -13,8 +13,8 @@ exported with `torch.onnx.export`; what the layout asks of them, and how they me
 - `config.json` declares `model_type` "marian": transformers.js ships no model of ours, and a Marian model of the
   same sizes computes exactly a post-LN model's function (`conversion.state_dict_to_marian`); transformers.js
   reads only the sizes and special ids from it.
-- Decoding: the graphs give logits; `translate_onnx` runs greedy or beam search over them with the model's
-  saved settings (the paper's GNMT length penalty included), as `generate()` does.
+- Decoding: the graphs give logits; `runtime.OnnxTranslator` runs greedy or beam search over them with the
+  model's saved settings (the paper's GNMT length penalty included), as `generate()` does.
 """
 
 import copy
@@ -26,42 +26,21 @@ import torch
 from torch import nn
 from transformers.cache_utils import DynamicCache, EncoderDecoderCache
 
-from ..configuration_vanilla_transformer import VanillaTransformerConfig
-from ..modeling_vanilla_transformer import VanillaTransformerForConditionalGeneration
-from .conversion import marian_config_like
-from .folders import check_output_dir, load_model_and_tokenizer, staged_output_dir
-from .verification import check_close, float32_reference, verification_batch
+from ...configuration_vanilla_transformer import VanillaTransformerConfig
+from ...modeling_vanilla_transformer import VanillaTransformerForConditionalGeneration
+from ..engines import require, write_export_record
+from ..folders import check_output_dir, load_model_and_tokenizer, staged_output_dir
+from ..marian import marian_config_like
+from ..verification import check_close, float32_reference, verification_batch
+from .runtime import GRAPHS, QUANTIZATIONS, OnnxSeq2Seq, check_quantization, past_names
 
-EXPORT_INFO = "vanilla_transformer_export.json"
-INSTALL_HINT = "pip install 'vanilla-transformer[onnx]' (or: pip install onnx onnxscript onnxruntime)"
-GRAPHS = ("encoder_model", "decoder_model_merged")
-# transformers.js names a graph's variants by dtype: "fp32" -> *.onnx, "q8" (int8 weights, activations quantized at
-# run time: its default in browsers) -> *_quantized.onnx.
-QUANTIZATIONS = {None: "", "int8": "_quantized"}
 OPSET = 18
-
-
-def _onnxruntime():
-    try:
-        import onnxruntime
-    except ImportError as error:
-        raise ImportError(f"The ONNX engine needs onnxruntime: {INSTALL_HINT}") from error
-    return onnxruntime
 
 
 def _check_export_packages():
     """torch.onnx's exporter writes through onnx and onnxscript; the export is verified on onnxruntime."""
-    import importlib.util
-
-    missing = [name for name in ("onnx", "onnxscript", "onnxruntime") if importlib.util.find_spec(name) is None]
-    if missing:
-        raise ImportError(f"The ONNX export needs {', '.join(missing)}: {INSTALL_HINT}")
-
-
-def past_names(num_layers: int, prefix: str) -> list[str]:
-    """`prefix`.{i}.{decoder,encoder}.{key,value} for every decoder layer, in the order the graph takes them."""
-    return [f"{prefix}.{i}.{side}.{kind}" for i in range(num_layers) for side in ("decoder", "encoder")
-            for kind in ("key", "value")]
+    for module in ("onnx", "onnxscript", "onnxruntime"):
+        require(module, "onnx", "The ONNX export")
 
 
 def additive_mask(mask: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
@@ -119,12 +98,6 @@ class DecoderGraph(nn.Module):
             for layer_cache in (cache.self_attention_cache.layers[i], cache.cross_attention_cache.layers[i]):
                 present += [layer_cache.keys, layer_cache.values]
         return (self.lm_head(hidden_states), *present)
-
-
-def check_quantization(quantize, name: str = "quantize"):
-    if quantize not in QUANTIZATIONS:
-        raise ValueError(f"{name}={quantize!r} is not a quantization this export writes; choose one of "
-                         f"{list(QUANTIZATIONS)}.")
 
 
 def _check_exportable(model, tokenizer):
@@ -190,46 +163,10 @@ def export_graphs(model, folder: Path) -> dict[str, Path]:
     return paths
 
 
-class OnnxSeq2Seq:
-    """The two graphs of an export on onnxruntime: `encode` and a decoder `step` that carries its own past."""
-
-    def __init__(self, folder, suffix: str = "", threads: int = 0):
-        ort = _onnxruntime()
-        folder = Path(folder)
-        self.config = json.loads((folder / "config.json").read_text())
-        options = ort.SessionOptions()
-        options.intra_op_num_threads = threads
-        self.sessions = {}
-        for name in GRAPHS:
-            path = folder / "onnx" / f"{name}{suffix}.onnx"
-            if not path.is_file():
-                raise FileNotFoundError(f"{folder} has no {path.relative_to(folder)}: not an ONNX export of this layout"
-                                        f"{' with that quantization' if suffix else ''} (scripts/export_onnx.py writes one).")
-            self.sessions[name] = ort.InferenceSession(str(path), options, providers=["CPUExecutionProvider"])
-        self.layers = self.config["decoder_layers"]
-        self.heads = self.config["decoder_attention_heads"]
-        self.head_dim = self.config["d_model"] // self.heads
-
-    def encode(self, input_ids: np.ndarray, attention_mask: np.ndarray) -> np.ndarray:
-        return self.sessions["encoder_model"].run(None, {"input_ids": input_ids.astype(np.int64),
-                                                         "attention_mask": attention_mask.astype(np.int64)})[0]
-
-    def empty_past(self, batch: int) -> list[np.ndarray]:
-        return [np.zeros((batch, self.heads, 0, self.head_dim), np.float32) for _ in range(4 * self.layers)]
-
-    def step(self, input_ids, encoder_attention_mask, encoder_hidden_states, past):
-        """(logits, present) for `input_ids` after `past` (a list in `past_names` order)."""
-        inputs = {"input_ids": input_ids.astype(np.int64), "encoder_attention_mask": encoder_attention_mask.astype(np.int64),
-                  "encoder_hidden_states": encoder_hidden_states,
-                  **dict(zip(past_names(self.layers, "past_key_values"), past))}
-        logits, *present = self.sessions["decoder_model_merged"].run(None, inputs)
-        return logits, present
-
-
 def verify_onnx(model, folder) -> float:
     """The largest difference between the export's and `model`'s encoder states and logits on a fixed random batch:
     the whole target at once with an empty past, then token by token with the past the graph returned, as
-    transformers.js and `translate_onnx` run it. `VerificationError` above `VERIFY_ATOL`."""
+    transformers.js and `runtime.OnnxTranslator` run it. `VerificationError` above `VERIFY_ATOL`."""
     engine = OnnxSeq2Seq(folder)
     input_ids, attention_mask, decoder_input_ids = verification_batch(model.config)
     with float32_reference(model) as reference:
@@ -278,146 +215,9 @@ def export_onnx(model_or_dir, output_dir, quantize: str | None = None, tokenizer
     return output_dir
 
 
-def _log_softmax(logits: np.ndarray) -> np.ndarray:
-    shifted = logits - logits.max(-1, keepdims=True)
-    return shifted - np.log(np.exp(shifted).sum(-1, keepdims=True))
-
-
-def _take(array: np.ndarray, indices: np.ndarray) -> np.ndarray:
-    """array[b, indices[b, j], ...] for every batch row b: the beams `indices` picks, with everything after them."""
-    return np.take_along_axis(array, indices.reshape(*indices.shape, *[1] * (array.ndim - 2)), axis=1)
-
-
-def _top(scores: np.ndarray, k: int) -> np.ndarray:
-    return np.argsort(-scores, axis=1, kind="stable")[:, :k]
-
-
-def greedy_search(engine: OnnxSeq2Seq, input_ids, attention_mask, settings: dict, max_new_tokens: int) -> np.ndarray:
-    """generate()'s greedy search: the most likely token at every step; finished rows continue with pad."""
-    states = engine.encode(input_ids, attention_mask)
-    batch = len(input_ids)
-    sequences = np.full((batch, 1), settings["decoder_start_token_id"], np.int64)
-    finished = np.zeros(batch, bool)
-    past = engine.empty_past(batch)
-    for _ in range(max_new_tokens):
-        logits, past = engine.step(sequences[:, -1:], attention_mask, states, past)
-        tokens = np.where(finished, settings["pad_token_id"], logits[:, -1].argmax(-1))
-        sequences = np.concatenate([sequences, tokens[:, None]], axis=1)
-        finished |= tokens == settings["eos_token_id"]
-        if finished.all():
-            break
-    return sequences
-
-
-def beam_search(engine: OnnxSeq2Seq, input_ids, attention_mask, settings: dict, max_new_tokens: int,
-                num_beams: int) -> np.ndarray:
-    """generate()'s beam search, step for step (transformers 5's vectorised `_beam_search`): 2 x `num_beams`
-    candidates a step, finished hypotheses ranked by log P / penalty(length) (|Y|^alpha, or GNMT's
-    ((5 + |Y|) / 6)^alpha where the model was saved with it), and its `early_stopping` rules. The best hypothesis
-    of each source, as (batch, length) ids."""
-    alpha, gnmt, early_stopping = settings["length_penalty"], settings["gnmt"], settings["early_stopping"]
-    eos, pad = settings["eos_token_id"], settings["pad_token_id"]
-
-    def penalty(length):
-        return ((5 + length) / 6) ** alpha if gnmt else float(length) ** alpha
-
-    batch, beams, keep = len(input_ids), num_beams, 2 * num_beams
-    states = np.repeat(engine.encode(input_ids, attention_mask), beams, axis=0)
-    mask = np.repeat(attention_mask, beams, axis=0)
-    max_length = 1 + max_new_tokens
-    running = np.full((batch, beams, max_length), pad, np.int64)
-    running[:, :, 0] = settings["decoder_start_token_id"]
-    sequences = running.copy()
-    running_scores = np.zeros((batch, beams), np.float32)
-    running_scores[:, 1:] = -1e9  # all beams start as one hypothesis
-    scores = np.full((batch, beams), -1e9, np.float32)
-    finished = np.zeros((batch, beams), bool)
-    improvable = np.ones((batch, 1), bool)
-    past = engine.empty_past(batch * beams)
-    length = 1
-    while True:
-        logits, past = engine.step(running[:, :, length - 1].reshape(-1, 1), mask, states, past)
-        log_probs = _log_softmax(logits[:, -1].astype(np.float32)).reshape(batch, beams, -1)
-        vocab = log_probs.shape[-1]
-        totals = (log_probs + running_scores[:, :, None]).reshape(batch, -1)
-        top = _top(totals, keep)
-        top_scores = np.take_along_axis(totals, top, axis=1)
-        origin = top // vocab
-        candidates = _take(running, origin)
-        candidates[:, :, length] = top % vocab
-        ends = (top % vocab == eos) | (length + 1 >= max_length)
-
-        continuing = top_scores + ends * np.float32(-1e9)
-        chosen = _top(continuing, beams)
-        running, running_scores = _take(candidates, chosen), np.take_along_axis(continuing, chosen, axis=1)
-        reorder = (np.take_along_axis(origin, chosen, axis=1) + np.arange(batch)[:, None] * beams).reshape(-1)
-
-        just_finished = ends & (np.arange(keep) < beams)[None, :]
-        final = top_scores / np.float32(penalty(length))  # generated tokens so far, eos included
-        full = finished.all(axis=1, keepdims=True) & (early_stopping is True)
-        final = final + (full | ~improvable | ~just_finished) * np.float32(-1e9)
-        merged = np.concatenate([scores, final], axis=1)
-        best = _top(merged, beams)
-        sequences = _take(np.concatenate([sequences, candidates], axis=1), best)
-        scores = np.take_along_axis(merged, best, axis=1)
-        finished = np.take_along_axis(np.concatenate([finished, just_finished], axis=1), best, axis=1)
-
-        past = [tensor[reorder] for tensor in past]
-        length += 1
-        hypothetical = max_length - 1 if early_stopping == "never" and alpha > 0 else length - 1
-        worst = np.where(finished, scores.min(axis=1, keepdims=True), np.float32(-1e9))
-        improvable &= (running_scores[:, :1] / np.float32(penalty(hypothetical)) > worst).any(axis=1, keepdims=True)
-        open_beams = not (finished.all() and early_stopping is True)
-        if not (improvable.any() and open_beams and not ends.all()):
-            break
-    return sequences[:, 0]
-
-
-def decoding_settings(folder) -> dict:
-    """What `translate_onnx` decodes with: the export's record of the model's generation config."""
-    path = Path(folder) / EXPORT_INFO
-    if not path.is_file():
-        raise FileNotFoundError(f"{folder} has no {EXPORT_INFO}: not a folder written by export_onnx.")
-    return json.loads(path.read_text())["decoding"]
-
-
-def translate_onnx(model_dir, texts: list[str], batch_size: int = 64, num_beams: int | None = None,
-                   max_new_tokens: int | None = None, quantized: str | None = None, threads: int = 0,
-                   engine: OnnxSeq2Seq | None = None) -> list[str]:
-    """Translate `texts` with an ONNX export on onnxruntime, in batches sorted by length, returned in input order,
-    decoding as the model's `generate()` would (its saved beam size, length penalty and length budget) unless
-    `num_beams` / `max_new_tokens` are given. `quantized="int8"` runs the int8 graphs; `engine` reuses loaded ones."""
-    from transformers import AutoTokenizer
-
-    if isinstance(texts, str):
-        raise TypeError("`texts` must be a list of strings, not one string.")
-    check_quantization(quantized, "quantized")
-    settings = decoding_settings(model_dir)
-    engine = engine or OnnxSeq2Seq(model_dir, QUANTIZATIONS[quantized], threads)
-    tokenizer = AutoTokenizer.from_pretrained(model_dir)
-    beams = num_beams or settings["num_beams"]
-    texts = list(texts)
-    lengths = [len(ids) for ids in tokenizer(texts)["input_ids"]] if texts else []
-    order = sorted(range(len(texts)), key=lambda i: -lengths[i])
-    results = [None] * len(texts)
-    for start in range(0, len(order), batch_size):
-        indices = order[start:start + batch_size]
-        inputs = tokenizer([texts[i] for i in indices], return_tensors="np", padding=True)
-        budget = max_new_tokens or settings["max_new_tokens"]
-        if budget is None:
-            offset = settings["max_new_tokens_over_input"]
-            budget = inputs["input_ids"].shape[1] + offset if offset is not None else settings["max_length"] - 1
-        ids, mask = inputs["input_ids"], inputs["attention_mask"]
-        output = greedy_search(engine, ids, mask, settings, budget) if beams == 1 else \
-            beam_search(engine, ids, mask, settings, budget, beams)
-        for i, text in zip(indices, tokenizer.batch_decode(output, skip_special_tokens=True)):
-            results[i] = text.strip()
-    return results
-
-
 def _write_export_files(model, tokenizer, folder: Path, name: str, quantize):
     """config.json (as transformers.js reads a Marian model), generation_config.json, the tokenizer, the decoding
-    record `translate_onnx` uses, and a README."""
+    record the runtime decodes with, and a README."""
     config = model.config
     sizes = copy.deepcopy(config)
     sizes.normalize_before = False  # Marian's config has no pre-LN; transformers.js reads only sizes and ids
@@ -428,32 +228,20 @@ def _write_export_files(model, tokenizer, folder: Path, name: str, quantize):
                       "load them" + ("" if config.normalize_before else ", and a Marian model of these sizes computes "
                                      "the same function"))})
     (folder / "config.json").write_text(json.dumps(marian, indent=2, sort_keys=True) + "\n")
-    generation = model.generation_config
-    offset = getattr(generation, "max_new_tokens_over_input", None)
-    decoding = {"decoder_start_token_id": config.first_decoder_token_id, "eos_token_id": config.eos_token_id,
-                "pad_token_id": config.pad_token_id, "num_beams": generation.num_beams or 1,
-                "length_penalty": 1.0 if generation.length_penalty is None else generation.length_penalty,
-                "gnmt": getattr(generation, "length_penalty_type", "hf") == "gnmt",
-                "early_stopping": generation.early_stopping, "max_new_tokens": generation.max_new_tokens,
-                "max_new_tokens_over_input": offset, "max_length": generation.max_length or 20}
+    tokenizer.save_pretrained(folder)
+    decoding = write_export_record(folder, model, "onnxruntime", ["float32", *([quantize] if quantize else [])],
+                                   graphs={name: f"onnx/{name}.onnx" for name in GRAPHS}, opset=OPSET)["decoding"]
+    offset = decoding["max_new_tokens_over_input"]
     # transformers.js has no source-relative budget: a fixed one, generous for sentences, stands in for it.
-    engine_budget = generation.max_new_tokens or (256 if offset is not None else None)
+    engine_budget = decoding["max_new_tokens"] or (256 if offset is not None else None)
     generation_config = {"decoder_start_token_id": decoding["decoder_start_token_id"],
                          "bos_token_id": config.bos_token_id, "eos_token_id": config.eos_token_id,
                          "pad_token_id": config.pad_token_id, "num_beams": decoding["num_beams"],
                          "length_penalty": decoding["length_penalty"], "early_stopping": decoding["early_stopping"],
                          **({"max_new_tokens": engine_budget} if engine_budget else {})}
     (folder / "generation_config.json").write_text(json.dumps(generation_config, indent=2) + "\n")
-    tokenizer.save_pretrained(folder)
-    import onnx
-    import onnxruntime
-
-    info = {"graphs": {name: f"onnx/{name}.onnx" for name in GRAPHS}, "quantize": quantize, "opset": OPSET,
-            "decoding": decoding, "onnx": onnx.__version__, "onnxruntime": onnxruntime.__version__,
-            "torch": torch.__version__}
-    (folder / EXPORT_INFO).write_text(json.dumps(info, indent=2) + "\n")
     variants = ", ".join(f"`onnx/{name}{QUANTIZATIONS[quantize]}.onnx`" for name in GRAPHS) if quantize else ""
-    penalty = "GNMT's ((5 + |Y|) / 6)^alpha" if decoding["gnmt"] else "|Y|^alpha"
+    penalty = "GNMT's ((5 + |Y|) / 6)^alpha" if decoding["length_penalty_type"] == "gnmt" else "|Y|^alpha"
     marian_note = " (pre-LN: no Marian model computes them)" if config.normalize_before else \
         " (a Marian model of these sizes computes the same function)"
     (folder / "README.md").write_text(f"""# ONNX export of a vanilla_transformer model
@@ -466,7 +254,7 @@ The decoder graph takes the past keys and values of every layer (length 0 on the
 `config.json` declares `model_type` "marian" so that transformers.js loads the folder; the graphs are this
 model's own{marian_note}.
 
-- Python: `vanilla_transformer.tools.onnx_export.translate_onnx(folder, texts)`, or
+- Python: `vanilla_transformer.tools.onnx.OnnxTranslator(folder).translate(texts)`, or
   `scripts/translate.py --engine onnxruntime --model {name}`: beam {decoding['num_beams']}, length penalty
   {decoding['length_penalty']} as log P / {penalty}, at most {f'source length + {offset}' if offset is not None else
   decoding['max_new_tokens'] or decoding['max_length'] - 1} new tokens, as the model's generate().

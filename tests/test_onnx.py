@@ -16,8 +16,13 @@ from vanilla_transformer.tools.translation import translate
 
 onnxruntime = pytest.importorskip("onnxruntime", reason="the ONNX export is an optional extra (.[onnx])")
 pytest.importorskip("onnxscript", reason="the ONNX export is an optional extra (.[onnx])")
-from vanilla_transformer.tools.onnx_export import (EXPORT_INFO, OnnxSeq2Seq, export_onnx, past_names,  # noqa: E402
-                                                   translate_onnx, verify_onnx)
+from vanilla_transformer.tools.engines import EXPORT_RECORD  # noqa: E402
+from vanilla_transformer.tools.onnx import OnnxSeq2Seq, OnnxTranslator, export_onnx, verify_onnx  # noqa: E402
+from vanilla_transformer.tools.onnx.runtime import past_names  # noqa: E402
+
+
+def translate_onnx(folder, texts, quantized=None, threads=1, **kwargs):
+    return OnnxTranslator(folder, quantized, threads).translate(texts, **kwargs)
 
 ROOT = Path(__file__).resolve().parents[1]
 CLIENT = ROOT / "scripts" / "transformers_js"
@@ -45,7 +50,7 @@ def test_the_folder_has_the_layout_and_names_transformers_js_reads(export):
     assert sorted(p.name for p in (folder / "onnx").iterdir()) == [
         "decoder_model_merged.onnx", "decoder_model_merged_quantized.onnx", "encoder_model.onnx",
         "encoder_model_quantized.onnx"]
-    assert {"config.json", "generation_config.json", "tokenizer.json", "tokenizer_config.json", EXPORT_INFO,
+    assert {"config.json", "generation_config.json", "tokenizer.json", "tokenizer_config.json", EXPORT_RECORD,
             "README.md"} <= {p.name for p in folder.iterdir()}
     config = json.loads((folder / "config.json").read_text())
     assert (config["model_type"], config["is_encoder_decoder"], config["decoder_layers"], config["d_model"]) == (
@@ -99,11 +104,11 @@ def test_translate_onnx_decodes_exactly_like_generate(export, search, tmp_path):
     settings = SEARCHES[search]
     ours = translate(model, tiny_tokenizer(), SOURCES, batch_size=8, max_new_tokens=12, **settings)
     copy = Path(shutil.copytree(folder, tmp_path / "export"))
-    info = json.loads((copy / EXPORT_INFO).read_text())
-    info["decoding"].update(length_penalty=settings.get("length_penalty", 1.0),
-                            gnmt=settings.get("length_penalty_type") == "gnmt",
-                            early_stopping=settings.get("early_stopping", False))
-    (copy / EXPORT_INFO).write_text(json.dumps(info))
+    record = json.loads((copy / EXPORT_RECORD).read_text())
+    record["decoding"].update(length_penalty=settings.get("length_penalty", 1.0),
+                              length_penalty_type=settings.get("length_penalty_type", "hf"),
+                              early_stopping=settings.get("early_stopping", False))
+    (copy / EXPORT_RECORD).write_text(json.dumps(record))
     exported = translate_onnx(copy, SOURCES, batch_size=8, num_beams=settings["num_beams"], max_new_tokens=12,
                               threads=1)
     assert exported == ours
@@ -117,9 +122,11 @@ def test_the_saved_decoding_settings_are_the_models(tmp_path):
     model = peaky_model()
     model.generation_config = paper_generation_config(model.config)
     folder = export_onnx(model, tmp_path / "export", tokenizer=tiny_tokenizer())
-    decoding = json.loads((folder / EXPORT_INFO).read_text())["decoding"]
-    assert (decoding["num_beams"], decoding["length_penalty"], decoding["gnmt"],
-            decoding["max_new_tokens_over_input"]) == (4, 0.6, True, 50)
+    record = json.loads((folder / EXPORT_RECORD).read_text())
+    assert (record["engine"], record["quantization"]) == ("onnxruntime", ["float32"])
+    decoding = record["decoding"]
+    assert (decoding["num_beams"], decoding["length_penalty"], decoding["length_penalty_type"],
+            decoding["max_new_tokens_over_input"]) == (4, 0.6, "gnmt", 50)
     ours = translate(model, tiny_tokenizer(), SOURCES[:8], batch_size=8)  # beam 4, GNMT, source + 50
     assert translate_onnx(folder, SOURCES[:8], batch_size=8, threads=1) == ours
     assert "GNMT" in (folder / "README.md").read_text()
@@ -136,7 +143,7 @@ def test_the_int8_graphs_are_smaller_and_translate(export):
 
 
 def test_a_wrong_export_is_refused_by_its_own_verification_before_the_folder_appears(tmp_path, monkeypatch):
-    import vanilla_transformer.tools.onnx_export as onnx_export
+    import vanilla_transformer.tools.onnx.export as onnx_export
     from vanilla_transformer.tools.verification import VerificationError
 
     correct = onnx_export.DecoderGraph.forward
@@ -206,7 +213,7 @@ def test_without_onnxruntime_the_engine_and_the_exporter_say_how_to_install_it(m
     hide_package(monkeypatch, "onnxruntime")
     with pytest.raises(ImportError, match=r"needs onnxruntime: pip install 'vanilla-transformer\[onnx\]'"):
         translate_onnx(export[1], SOURCES[:1])
-    monkeypatch.setattr("importlib.util.find_spec", lambda name: None if name == "onnxscript" else object())
+    hide_package(monkeypatch, "onnxscript")
     with pytest.raises(ImportError, match=r"needs onnxscript: pip install 'vanilla-transformer\[onnx\]'"):
         export_onnx(peaky_model(), tmp_path / "export", tokenizer=tiny_tokenizer())
     assert not (tmp_path / "export").exists()

@@ -6,37 +6,32 @@ over as it is, and what the export does about it:
 
 - Positions: CTranslate2's built-in sinusoids are [sin | cos] halves with another frequency denominator, not
   the paper's interleaved table. The export writes our table explicitly for positions 0 .. `max_positions`-1,
-  which caps the length of inputs and outputs: `translate_ctranslate2` refuses a longer input by name rather
+  which caps the length of inputs and outputs: the translation loop refuses a longer input by name rather
   than letting the engine cut it.
 - CTranslate2's converter modifies the arrays it is given in place: it gets copies, never the model's tensors.
 - Decoding: CTranslate2 ranks beam hypotheses by log P(Y) / |Y|^alpha (transformers' "hf" penalty) and has no
   GNMT penalty, so a model saved with the paper's `length_penalty_type="gnmt"` decodes with |Y|^alpha there;
-  its length budget is absolute, so "source length + 50" is recomputed for each batch from its longest source.
-  The export records these settings in `vanilla_transformer_export.json` and its README.
+  its length budget is absolute, so "source length + 50" is given for each batch by the translation loop
+  (`tools.translation`). The export records these settings in `vanilla_transformer_export.json` and its README.
 """
 
-import json
 import math
 from pathlib import Path
 
 import torch
 
+from .engines import read_export_record, require, write_export_record
 from .folders import check_output_dir, load_model_and_tokenizer, staged_output_dir
 from ..modeling_vanilla_transformer import SinusoidalPositionalEncoding
+from .translation import Translator
 from .verification import VerificationError, check_close, float32_reference, verification_batch
 
-EXPORT_INFO = "vanilla_transformer_export.json"
-INSTALL_HINT = "pip install 'vanilla-transformer[ctranslate2]' (or: pip install ctranslate2)"
 _ACTIVATIONS = {"relu": "RELU", "gelu": "GELU", "swish": "SWISH", "silu": "SWISH", "gelu_new": "GELUTanh",
                 "gelu_pytorch_tanh": "GELUTanh"}
 
 
 def _ctranslate2():
-    try:
-        import ctranslate2
-    except ImportError as error:
-        raise ImportError(f"The CTranslate2 export and engine need the ctranslate2 package: {INSTALL_HINT}") from error
-    return ctranslate2
+    return require("ctranslate2", "ctranslate2", "The CTranslate2 export and engine")
 
 
 def transformer_spec(model, tokenizer, max_positions: int = 1024):
@@ -177,61 +172,43 @@ def verify_ctranslate2(model, tokenizer, folder, max_positions: int) -> float:
 
 def _write_export_files(model, tokenizer, output_dir: Path, name: str, quantization, max_positions):
     tokenizer.save_pretrained(output_dir)
-    generation = model.generation_config
-    offset = getattr(generation, "max_new_tokens_over_input", None)
-    info = {"max_positions": max_positions, "quantization": quantization or "float32",
-            "num_beams": generation.num_beams or 1, "length_penalty": generation.length_penalty,
-            "length_penalty_type_in_the_model": getattr(generation, "length_penalty_type", "hf"),
-            "max_new_tokens_over_input": offset, "max_new_tokens": generation.max_new_tokens,
-            "ctranslate2": _ctranslate2().__version__}
-    (output_dir / EXPORT_INFO).write_text(json.dumps(info, indent=2) + "\n")
-    gnmt = info["length_penalty_type_in_the_model"] == "gnmt"
+    record = write_export_record(output_dir, model, "ctranslate2", [quantization or "float32"],
+                                 max_positions=max_positions)
+    decoding = record["decoding"]
+    gnmt = decoding["length_penalty_type"] == "gnmt"
+    offset = decoding["max_new_tokens_over_input"]
     (output_dir / "README.md").write_text(f"""# CTranslate2 export of a vanilla_transformer model
 
-Weights: {info['quantization']}. Translate with `vanilla_transformer.tools.export.translate_ctranslate2` or
+Weights: {quantization or "float32"}. Translate with `vanilla_transformer.tools.ctranslate2.CTranslate2Translator` or
 `scripts/translate.py --engine ctranslate2 --model {name}` (the tokenizer is in this folder).
 
 - Inputs and outputs are limited to {max_positions} positions (the sinusoid table written into the model).
-- Beam size {info['num_beams']}, length penalty {info['length_penalty']} as log P / |Y|^alpha
+- Beam size {decoding['num_beams']}, length penalty {decoding['length_penalty']} as log P / |Y|^alpha
   {'(the model was saved with the GNMT penalty, which CTranslate2 does not have)' if gnmt else ''}.
 - Length budget: {f'source length + {offset} new tokens, per batch' if offset is not None else 'as the model saved it'}.
 """)
 
 
-def translate_ctranslate2(model_dir, texts: list[str], batch_size: int = 64, num_beams: int | None = None,
-                          max_new_tokens: int | None = None, threads: int = 0, device: str = "cpu",
-                          translator=None) -> list[str]:
-    """Translate `texts` with an export, in batches sorted by length, returning them in the input order; the
-    decoding settings come from the export unless given. `translator` reuses a loaded `ctranslate2.Translator`."""
-    ct2 = _ctranslate2()
-    from transformers import AutoTokenizer
+class CTranslate2Translator(Translator):
+    """An export on CTranslate2 behind the translation loop, decoding with the export's settings.
+    `translator` reuses a loaded `ctranslate2.Translator`."""
 
-    if isinstance(texts, str):
-        raise TypeError("`texts` must be a list of strings, not one string.")
-    info = json.loads((Path(model_dir) / EXPORT_INFO).read_text())
-    tokenizer = AutoTokenizer.from_pretrained(model_dir)
-    if translator is None:
-        translator = ct2.Translator(str(model_dir), device=device, intra_threads=threads)
-    ids = tokenizer(list(texts))["input_ids"] if texts else []
-    for i, sentence in enumerate(ids):
-        if len(sentence) > info["max_positions"]:
-            raise ValueError(f"`texts[{i}]` has {len(sentence)} tokens, more than the export's {info['max_positions']} "
-                             f"positions: {texts[i][:80]!r}. Export again with a larger max_positions.")
-    order = sorted(range(len(ids)), key=lambda i: -len(ids[i]))
-    results = [None] * len(ids)
-    for start in range(0, len(order), batch_size):
-        batch = order[start:start + batch_size]
-        budget = max_new_tokens or info["max_new_tokens"]
-        if budget is None:
-            budget = max(len(ids[i]) for i in batch) + (info["max_new_tokens_over_input"] or 0)
-        output = translator.translate_batch(
-            [tokenizer.convert_ids_to_tokens(ids[i]) for i in batch], beam_size=num_beams or info["num_beams"],
-            length_penalty=1.0 if info["length_penalty"] is None else info["length_penalty"],
-            max_input_length=info["max_positions"], max_decoding_length=min(budget, info["max_positions"] - 1))
-        for i, result in zip(batch, output):
-            results[i] = tokenizer.decode(tokenizer.convert_tokens_to_ids(result.hypotheses[0]),
-                                          skip_special_tokens=True).strip()
-    return results
+    def __init__(self, model_dir, device: str = "cpu", threads: int = 0, translator=None):
+        ct2 = _ctranslate2()
+        from transformers import AutoTokenizer
+
+        record = read_export_record(model_dir, "ctranslate2")
+        self.decoding, self.max_positions = record["decoding"], record["max_positions"]
+        self.tokenizer = AutoTokenizer.from_pretrained(model_dir)
+        self.translator = translator or ct2.Translator(str(model_dir), device=device, intra_threads=threads)
+
+    def generate(self, input_ids, attention_mask, num_beams, max_new_tokens):
+        tokens = [self.tokenizer.convert_ids_to_tokens(ids[mask.astype(bool)].tolist())
+                  for ids, mask in zip(input_ids, attention_mask)]
+        output = self.translator.translate_batch(
+            tokens, beam_size=num_beams, length_penalty=self.decoding["length_penalty"],
+            max_input_length=self.max_positions, max_decoding_length=min(max_new_tokens, self.max_positions - 1))
+        return [self.tokenizer.convert_tokens_to_ids(result.hypotheses[0]) for result in output]
 
 
-__all__ = ["export_ctranslate2", "verify_ctranslate2", "translate_ctranslate2", "transformer_spec", "EXPORT_INFO"]
+__all__ = ["export_ctranslate2", "verify_ctranslate2", "CTranslate2Translator", "transformer_spec"]

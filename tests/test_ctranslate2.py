@@ -12,7 +12,13 @@ from conftest import assert_exporter_cli_refuses, confident_model, hide_package,
 from vanilla_transformer.tools.translation import translate
 
 ctranslate2 = pytest.importorskip("ctranslate2", reason="the CTranslate2 export is an optional extra")
-from vanilla_transformer.tools.export import EXPORT_INFO, export_ctranslate2, translate_ctranslate2  # noqa: E402
+from vanilla_transformer.tools.ctranslate2 import CTranslate2Translator, export_ctranslate2  # noqa: E402
+from vanilla_transformer.tools.engines import EXPORT_RECORD  # noqa: E402
+from vanilla_transformer.tools.translation import InputTooLong  # noqa: E402
+
+
+def translate_ctranslate2(folder, texts, **kwargs):
+    return CTranslate2Translator(folder).translate(texts, **kwargs)
 
 ROOT = Path(__file__).resolve().parents[1]
 # One batch, sentences of different lengths (the engine and generate() both pad them).
@@ -52,8 +58,9 @@ def test_the_export_gives_every_target_token_the_models_log_probability(tmp_path
 def test_an_export_refuses_inputs_longer_than_its_position_table(tmp_path):
     export_ctranslate2(confident_model(), tmp_path / "ct2", tokenizer=tiny_tokenizer(), max_positions=8)
     assert translate_ctranslate2(tmp_path / "ct2", ["w5 w6 w7"], max_new_tokens=4)
-    with pytest.raises(ValueError, match=r"`texts\[1\]` has 10 tokens, more than the export's 8 positions"):
+    with pytest.raises(InputTooLong, match=r"`texts\[1\]` has 10 tokens, more than the export's 8 positions") as error:
         translate_ctranslate2(tmp_path / "ct2", ["w5", "w5 w6 w7 w8 w9 w10 w11 w12 w13"])
+    assert (error.value.index, error.value.tokens, error.value.limit) == (1, 10, 8)
 
 
 def test_an_export_keeps_the_decoding_settings_and_never_overwrites(tmp_path):
@@ -62,8 +69,11 @@ def test_an_export_keeps_the_decoding_settings_and_never_overwrites(tmp_path):
     model = confident_model()
     model.generation_config = paper_generation_config(model.config)
     folder = export_ctranslate2(model, tmp_path / "ct2", tokenizer=tiny_tokenizer())
-    info = json.loads((folder / EXPORT_INFO).read_text())
-    assert (info["num_beams"], info["length_penalty"], info["max_new_tokens_over_input"]) == (4, 0.6, 50)
+    record = json.loads((folder / EXPORT_RECORD).read_text())
+    assert (record["engine"], record["quantization"], record["max_positions"]) == ("ctranslate2", ["float32"], 1024)
+    decoding = record["decoding"]
+    assert (decoding["num_beams"], decoding["length_penalty"], decoding["length_penalty_type"],
+            decoding["max_new_tokens_over_input"]) == (4, 0.6, "gnmt", 50)
     assert "GNMT" in (folder / "README.md").read_text() and (folder / "tokenizer.json").is_file()
     with pytest.raises(ValueError, match="not empty"):
         export_ctranslate2(model, folder, tokenizer=tiny_tokenizer())
@@ -95,7 +105,7 @@ def test_the_command_line_exports_a_saved_model_and_translates_with_it(tmp_path)
 @pytest.mark.parametrize("quantization", [None, "int8"])
 def test_a_wrong_export_is_refused_by_its_own_verification_before_the_folder_appears(tmp_path, monkeypatch,
                                                                                     quantization):
-    import vanilla_transformer.tools.export as export
+    import vanilla_transformer.tools.ctranslate2 as export
     from vanilla_transformer.tools.verification import VerificationError
 
     correct = export.transformer_spec
@@ -115,7 +125,7 @@ def test_a_wrong_export_is_refused_by_its_own_verification_before_the_folder_app
 
 
 def test_the_verification_passes_a_correct_export_of_either_layer_norm_placement(tmp_path, normalize_before):
-    from vanilla_transformer.tools.export import verify_ctranslate2
+    from vanilla_transformer.tools.ctranslate2 import verify_ctranslate2
 
     model, tokenizer = confident_model(normalize_before), tiny_tokenizer()
     folder = export_ctranslate2(model, tmp_path / "ct2", tokenizer=tokenizer)
