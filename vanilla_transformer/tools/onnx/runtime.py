@@ -45,6 +45,8 @@ class OnnxSeq2Seq:
         self.config = json.loads((folder / "config.json").read_text())
         options = ort.SessionOptions()
         options.intra_op_num_threads = threads
+        # The search runs torch between steps: onnxruntime's threads must not spin-wait over it.
+        options.add_session_config_entry("session.intra_op.allow_spinning", "0")
         self.sessions = {}
         for name in GRAPHS:
             path = folder / "onnx" / f"{name}{suffix}.onnx"
@@ -80,31 +82,47 @@ def keep_encoder_past(past: list, present: list) -> list:
     return [old if i % 4 >= 2 else new for i, (old, new) in enumerate(zip(past, present))]
 
 
-def greedy_search(engine: OnnxSeq2Seq, input_ids, attention_mask, decoding: dict, max_new_tokens: int) -> np.ndarray:
-    """generate()'s greedy search: the most likely token at every step; finished rows continue with pad."""
+def select_rows(past: list, self_rows: torch.Tensor, encoder_rows: torch.Tensor | None = None) -> list:
+    """The past of the rows `self_rows` (self-attention) and `encoder_rows` (encoder-decoder; None: all, in order)."""
+    return [tensor if i % 4 >= 2 and encoder_rows is None else
+            torch.from_numpy(tensor).index_select(0, self_rows if i % 4 < 2 else encoder_rows).numpy()
+            for i, tensor in enumerate(past)]
+
+
+def greedy_search(engine: OnnxSeq2Seq, input_ids, attention_mask, decoding: dict, max_new_tokens: int) -> list:
+    """generate()'s greedy search: the most likely token at every step, until eos or the budget. A source leaves
+    the batch once it has ended (generate() carries it on with pad tokens to the batch's end): the same output,
+    with no steps spent on it."""
     states = engine.encode(input_ids, attention_mask)
-    batch = len(input_ids)
-    sequences = np.full((batch, 1 + max_new_tokens), decoding["pad_token_id"], np.int64)
-    sequences[:, 0] = decoding["decoder_start_token_id"]
-    finished = np.zeros(batch, bool)
-    past = engine.empty_past(batch)
-    for length in range(1, 1 + max_new_tokens):
-        logits, present = engine.step(sequences[:, length - 1:length], attention_mask, states, past)
+    outputs = [[decoding["decoder_start_token_id"]] for _ in range(len(input_ids))]
+    alive = np.arange(len(input_ids))
+    tokens = np.array(outputs, np.int64)
+    past = engine.empty_past(len(alive))
+    for _ in range(max_new_tokens):
+        logits, present = engine.step(tokens, attention_mask, states, past)
         past = keep_encoder_past(past, present)
-        tokens = np.where(finished, decoding["pad_token_id"], logits[:, -1].argmax(-1))
-        sequences[:, length] = tokens
-        finished |= tokens == decoding["eos_token_id"]
-        if finished.all():
-            return sequences[:, :length + 1]
-    return sequences
+        tokens = logits[:, -1].argmax(-1)[:, None]
+        for row, token in zip(alive, tokens[:, 0].tolist()):
+            outputs[row].append(token)
+        going = tokens[:, 0] != decoding["eos_token_id"]
+        if not going.all():
+            rows = torch.from_numpy(np.flatnonzero(going))
+            alive, tokens, attention_mask, states = alive[going], tokens[going], attention_mask[going], states[going]
+            past = select_rows(past, rows, rows)
+            if not len(alive):
+                break
+    return outputs
 
 
 def beam_search(engine: OnnxSeq2Seq, input_ids, attention_mask, decoding: dict, max_new_tokens: int,
-                num_beams: int) -> torch.Tensor:
+                num_beams: int) -> list:
     """generate()'s beam search, step for step (transformers 5's vectorised `_beam_search`): 2 x `num_beams`
     candidates a step, finished hypotheses ranked by log P / penalty(length) (|Y|^alpha, or GNMT's
     ((5 + |Y|) / 6)^alpha where the model was saved with it), and its `early_stopping` rules. The best hypothesis
-    of each source, as (batch, length) ids."""
+    of each source, as token ids.
+
+    A source leaves the batch as soon as its best hypotheses are final (generate() keeps searching it until the
+    whole batch is done, without changing them), as fairseq's search does."""
     alpha, early_stopping = decoding["length_penalty"], decoding["early_stopping"]
     gnmt = decoding["length_penalty_type"] == "gnmt"
     eos, pad = decoding["eos_token_id"], decoding["pad_token_id"]
@@ -119,32 +137,36 @@ def beam_search(engine: OnnxSeq2Seq, input_ids, attention_mask, decoding: dict, 
     states = np.repeat(engine.encode(input_ids, attention_mask), beams, axis=0)
     mask = np.repeat(attention_mask, beams, axis=0)
     max_length = 1 + max_new_tokens
-    running = torch.full((batch, beams, max_length), pad, dtype=torch.long)
-    running[:, :, 0] = decoding["decoder_start_token_id"]
-    sequences = running.clone()
+    outputs: list = [None] * batch
+    alive = torch.arange(batch)  # the sources still searched, by their row in the batch
+    running = torch.full((batch, beams, 1), decoding["decoder_start_token_id"], dtype=torch.long)
+    sequences = running.clone()  # the finished hypotheses, padded as they wait
     running_scores = torch.zeros(batch, beams)
     running_scores[:, 1:] = -1e9  # all beams start as one hypothesis
     scores = torch.full((batch, beams), -1e9)
     finished = torch.zeros(batch, beams, dtype=torch.bool)
     improvable = torch.ones(batch, 1, dtype=torch.bool)
     top_beams = torch.arange(keep) < beams
-    offsets = torch.arange(batch)[:, None] * beams
     past = engine.empty_past(batch * beams)
     length = 1
     while True:
-        logits, present = engine.step(running[:, :, length - 1].reshape(-1, 1).numpy(), mask, states, past)
-        log_probs = torch.from_numpy(logits)[:, -1].float().log_softmax(-1).view(batch, beams, -1)
-        vocab = log_probs.shape[-1]
-        top_scores, top = torch.topk((log_probs + running_scores[:, :, None]).view(batch, -1), keep)
-        origin = top // vocab
-        candidates = gather(running, origin)
-        candidates[:, :, length] = top % vocab
-        ends = (top % vocab == eos) | (length + 1 >= max_length)
+        n = len(alive)
+        logits, present = engine.step(running[:, :, -1].reshape(-1, 1).numpy(), mask, states, past)
+        logits = torch.from_numpy(logits)[:, -1].float()
+        # Only a beam's own `keep` best tokens can be among the `keep` best continuations: those are ranked, with
+        # their log-probabilities, instead of the whole vocabulary of every beam.
+        beam_logits, beam_tokens = logits.topk(keep)
+        log_probs = (beam_logits - logits.logsumexp(-1, keepdim=True)).view(n, beams, keep)
+        top_scores, top = torch.topk((log_probs + running_scores[:, :, None]).view(n, -1), keep)
+        origin = top // keep
+        tokens = beam_tokens.view(n, -1).gather(1, top)
+        candidates = torch.cat([gather(running, origin), tokens[:, :, None]], dim=2)
+        ends = (tokens == eos) | (length + 1 >= max_length)
 
         continuing = top_scores + ends.float() * -1e9
         chosen = torch.topk(continuing, beams)[1]
         running, running_scores = gather(candidates, chosen), gather(continuing, chosen)
-        reorder = (gather(origin, chosen) + offsets).view(-1)
+        reorder = (gather(origin, chosen) + torch.arange(n)[:, None] * beams).view(-1)
 
         just_finished = ends & top_beams[None, :]
         final = top_scores / penalty(length)  # generated tokens so far, eos included
@@ -152,20 +174,32 @@ def beam_search(engine: OnnxSeq2Seq, input_ids, attention_mask, decoding: dict, 
         final = final + (full | ~improvable | ~just_finished).float() * -1e9
         merged = torch.cat([scores, final], dim=1)
         best = torch.topk(merged, beams)[1]
-        sequences = gather(torch.cat([sequences, candidates], dim=1), best)
+        waiting = torch.nn.functional.pad(sequences, (0, 1), value=pad)
+        sequences = gather(torch.cat([waiting, candidates], dim=1), best)
         scores = gather(merged, best)
         finished = gather(torch.cat([finished, just_finished], dim=1), best)
 
-        past = keep_encoder_past(past, present)
-        past = [torch.from_numpy(t)[reorder].numpy() if i % 4 < 2 else t for i, t in enumerate(past)]
         length += 1
         hypothetical = max_length - 1 if early_stopping == "never" and alpha > 0 else length - 1
         worst = torch.where(finished, scores.min(dim=1, keepdim=True)[0], -1e9)
         improvable &= (running_scores[:, :1] / penalty(hypothetical) > worst).any(dim=1, keepdim=True)
-        open_beams = not (bool(finished.all()) and early_stopping is True)
-        if not (bool(improvable.any()) and open_beams and not bool(ends.all())):
-            break
-    return sequences[:, 0]
+        # A source is done when no running beam can enter its finished ones, or they are full and early_stopping
+        # is True, or at the length budget: generate()'s stopping rules, one source at a time.
+        done = ~improvable[:, 0] | (finished.all(dim=1) & (early_stopping is True)) | ends.all(dim=1)
+        past = keep_encoder_past(past, present)
+        if not done.any():
+            past = select_rows(past, reorder)
+            continue
+        for i in done.nonzero()[:, 0].tolist():
+            outputs[alive[i]] = sequences[i, 0].tolist()
+        if done.all():
+            return outputs
+        kept = (~done).nonzero()[:, 0]
+        rows = (kept[:, None] * beams + torch.arange(beams)).view(-1)
+        alive, running, running_scores, sequences, scores, finished, improvable = (
+            tensor[kept] for tensor in (alive, running, running_scores, sequences, scores, finished, improvable))
+        states, mask = states[rows.numpy()], mask[rows.numpy()]
+        past = select_rows(past, reorder[rows], rows)
 
 
 class OnnxTranslator(Translator):
