@@ -1,14 +1,16 @@
-"""The ONNX export against the model it came from: identical outputs, int8 quality and size, and speed beside
-`generate()` and CTranslate2, in one run; transformers.js in Node, and once in a real browser.
+"""Every engine a trained model runs on, side by side in one run: `generate()`, its ONNX export on onnxruntime
+(float32 and int8) and its CTranslate2 export (float32 and int8), all through the one translation loop
+(`vanilla_transformer.tools.translation`); transformers.js in Node, and once in a real browser.
 
-    python -m scripts.benchmarks.onnx_engines --demo_model demo_output/model --model runs/multi30k [--browser]
+    python -m scripts.benchmarks.engines --demo_model demo_output/model --model runs/multi30k [--browser]
 
-For each model given (the demo model on the built-in test split, the Multi30k model on its validation set):
-the float32 export's greedy and beam outputs through `translate_onnx` against `generate()`'s (identity rates),
-BLEU of ours and the float32 and int8 exports (decoding as saved), and file sizes. transformers.js (Node,
-`scripts/transformers_js/translate.mjs`) translates 200 test sentences of the demo model greedily: its outputs
-against our greedy `generate()`'s. Speed: the same sentences, each system decoding to its own end, greedy and
-beam 4, interleaved: generate(), onnxruntime float32 and int8, CTranslate2 float32 and int8.
+For each model given (the demo model on the built-in test split, the Multi30k model on its validation set): the
+float32 exports' outputs against `generate()`'s, greedy and with the saved beam search (identity rates; CTranslate2,
+which has no GNMT penalty, against `generate()` with transformers' |Y|^alpha), BLEU of every system, and file sizes.
+transformers.js (Node, `scripts/transformers_js/translate.mjs`) translates 200 test sentences of the demo model
+greedily: its outputs against our greedy `generate()`'s. Speed, on the Multi30k model (else the demo model):
+`--speed_sentences` sentences in batches of 64 as `scripts/translate.py` sends them, each system decoding to its own
+end, greedy and beam 4, interleaved repetitions, `--threads` threads each.
 `--browser` serves a page from localhost to headless Chromium (Debian's `chromium`), which translates with
 transformers.js (onnxruntime-web, WebAssembly) and posts the translations back; a screenshot is kept.
 """
@@ -33,41 +35,63 @@ import torch  # noqa: E402
 from transformers import AutoModelForSeq2SeqLM, AutoTokenizer  # noqa: E402
 
 from vanilla_transformer.data.builtin_task import build_builtin_task  # noqa: E402
-from vanilla_transformer.tools.export import export_ctranslate2, translate_ctranslate2  # noqa: E402
-from vanilla_transformer.tools.onnx_export import OnnxSeq2Seq, export_onnx, translate_onnx  # noqa: E402
-from vanilla_transformer.tools.translation import translate  # noqa: E402
+from vanilla_transformer.tools.ctranslate2 import CTranslate2Translator, export_ctranslate2  # noqa: E402
+from vanilla_transformer.tools.onnx import OnnxTranslator, export_onnx  # noqa: E402
+from vanilla_transformer.tools.translation import GenerateTranslator  # noqa: E402
 from vanilla_transformer.training.metrics import corpus_scores  # noqa: E402
 
 from .toolkit import environment, load_multi30k, multi30k_missing, time_interleaved, write_report  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[2]
 CLIENT = ROOT / "scripts" / "transformers_js"
-JS_SENTENCES, SPEED_SENTENCES = 200, 64
+JS_SENTENCES, BATCH_SIZE = 200, 64
 
 
 def identity(a: list[str], b: list[str]) -> float:
     return sum(x == y for x, y in zip(a, b)) / len(a)
 
 
-def quality(name, model_dir, export_dir, sources, references, threads):
-    """Identity rates and BLEU of one model and its ONNX export on one evaluation set."""
+def export_all(model_dir, work: Path) -> dict[str, Path]:
+    return {"onnx": export_onnx(model_dir, work / "onnx", quantize="int8"),
+            "ct2 float32": export_ctranslate2(model_dir, work / "ct2_fp32"),
+            "ct2 int8": export_ctranslate2(model_dir, work / "ct2_int8", quantization="int8")}
+
+
+def translators(model_dir, exports, threads) -> dict:
+    """Every system, by the name the report gives it, behind the one translation loop."""
     model = AutoModelForSeq2SeqLM.from_pretrained(model_dir).eval()
     tokenizer = AutoTokenizer.from_pretrained(model_dir)
-    engine = {None: OnnxSeq2Seq(export_dir, threads=threads), "int8": OnnxSeq2Seq(export_dir, "_quantized", threads)}
-    out = {"greedy": {"ours": translate(model, tokenizer, sources, num_beams=1),
-                      "onnx float32": translate_onnx(export_dir, sources, num_beams=1, engine=engine[None])},
-           "as saved": {"ours": translate(model, tokenizer, sources),
-                        "onnx float32": translate_onnx(export_dir, sources, engine=engine[None]),
-                        "onnx int8": translate_onnx(export_dir, sources, engine=engine["int8"])}}
-    files = {path.name: path.stat().st_size for path in sorted((Path(export_dir) / "onnx").iterdir())}
+    return {"generate()": GenerateTranslator(model, tokenizer),
+            "onnxruntime float32": OnnxTranslator(exports["onnx"], threads=threads),
+            "onnxruntime int8": OnnxTranslator(exports["onnx"], "int8", threads),
+            "ctranslate2 float32": CTranslate2Translator(exports["ct2 float32"], threads=threads),
+            "ctranslate2 int8": CTranslate2Translator(exports["ct2 int8"], threads=threads)}
+
+
+def quality(name, model_dir, exports, sources, references, threads):
+    """Identity rates and BLEU of one model and its exports on one evaluation set."""
+    systems = translators(model_dir, exports, threads)
+    model, tokenizer = systems["generate()"].model, systems["generate()"].tokenizer
+    beams = model.generation_config.num_beams
+    out = {"greedy": {system: t.translate(sources, BATCH_SIZE, num_beams=1) for system, t in systems.items()},
+           "as saved": {system: t.translate(sources, BATCH_SIZE) for system, t in systems.items()}}
+    # CTranslate2 ranks beams by log P / |Y|^alpha: compared with generate() ranking so, not with the GNMT penalty.
+    hf_penalty = GenerateTranslator(model, tokenizer, length_penalty_type="hf").translate(sources, BATCH_SIZE)
+    files = {path.name: path.stat().st_size for path in sorted((exports["onnx"] / "onnx").iterdir())}
+    files.update({f"{system}/model.bin": (path / "model.bin").stat().st_size for system, path in exports.items()
+                  if system.startswith("ct2")})
     files["model.safetensors"] = Path(model_dir, "model.safetensors").stat().st_size
-    return {"name": name, "sentences": len(sources), "files": files,
-            "num_beams_as_saved": model.generation_config.num_beams,
-            "identity": {search: identity(hyps["ours"], hyps["onnx float32"]) for search, hyps in out.items()},
+    ours = out["as saved"]["generate()"]
+    return {"name": name, "sentences": len(sources), "files": files, "num_beams_as_saved": beams,
+            "identity": {
+                "onnxruntime float32, greedy": identity(out["greedy"]["generate()"], out["greedy"]["onnxruntime float32"]),
+                "onnxruntime float32, as saved": identity(ours, out["as saved"]["onnxruntime float32"]),
+                "ctranslate2 float32, greedy": identity(out["greedy"]["generate()"], out["greedy"]["ctranslate2 float32"]),
+                "ctranslate2 float32, beam with |Y|^alpha": identity(hf_penalty, out["as saved"]["ctranslate2 float32"])},
             "bleu": {f"{system}, {search}": corpus_scores(h, references)["bleu"]
                      for search, hyps in out.items() for system, h in hyps.items()},
             "differences": [{"source": s, "ours": a, "onnx": b} for s, a, b in
-                            zip(sources, out["as saved"]["ours"], out["as saved"]["onnx float32"]) if a != b][:10]}
+                            zip(sources, ours, out["as saved"]["onnxruntime float32"]) if a != b][:10]}
 
 
 def transformers_js(export_dir, model_dir, sources, dtype="fp32"):
@@ -80,29 +104,18 @@ def transformers_js(export_dir, model_dir, sources, dtype="fp32"):
     seconds = time.perf_counter() - start
     theirs = [json.loads(line) for line in run.stdout.splitlines()]
     model = AutoModelForSeq2SeqLM.from_pretrained(model_dir).eval()
-    ours = translate(model, AutoTokenizer.from_pretrained(model_dir), sources, num_beams=1)
+    ours = GenerateTranslator(model, AutoTokenizer.from_pretrained(model_dir)).translate(sources, num_beams=1)
     return {"dtype": dtype, "sentences": len(sources), "identity_vs_our_greedy": identity(theirs, ours),
             "seconds_with_node_start": seconds,
             "differences": [{"ours": a, "transformers.js": b} for a, b in zip(ours, theirs) if a != b][:10]}
 
 
-def speed(model_dir, onnx_dir, ct2_dirs, sources, threads, repeats):
+def speed(model_dir, exports, sources, threads, repeats):
     torch.set_num_threads(threads)
-    model = AutoModelForSeq2SeqLM.from_pretrained(model_dir).eval()
-    tokenizer = AutoTokenizer.from_pretrained(model_dir)
-    engines = {"onnxruntime float32": OnnxSeq2Seq(onnx_dir, threads=threads),
-               "onnxruntime int8": OnnxSeq2Seq(onnx_dir, "_quantized", threads)}
-    import ctranslate2
-
-    translators = {name: ctranslate2.Translator(str(path), intra_threads=threads) for name, path in ct2_dirs.items()}
+    systems = translators(model_dir, exports, threads)
     rows = {}
     for label, beams in (("greedy", 1), ("beam 4", 4)):
-        tasks = {"generate()": lambda: translate(model, tokenizer, sources, num_beams=beams)}
-        for name, engine in engines.items():
-            tasks[name] = lambda e=engine: translate_onnx(onnx_dir, sources, num_beams=beams, engine=e)
-        for name, path in ct2_dirs.items():
-            tasks[name] = lambda p=path, t=translators[name]: translate_ctranslate2(p, sources, num_beams=beams,
-                                                                                  translator=t)
+        tasks = {name: (lambda t=t: t.translate(sources, BATCH_SIZE, num_beams=beams)) for name, t in systems.items()}
         with torch.inference_mode():
             times = time_interleaved(tasks, repeats, warmup=1)
         median = {name: statistics.median(ts) for name, ts in times.items()}
@@ -168,12 +181,16 @@ def main(argv=None):
     parser.add_argument("--demo_model", default="demo_output/model")
     parser.add_argument("--model", default="runs/multi30k")
     parser.add_argument("--data_dir", default="../shared/data/multi30k")
-    parser.add_argument("--output", default="scripts/benchmarks/results/onnx_engines")
-    parser.add_argument("--repeats", type=int, default=5)
+    parser.add_argument("--output", default="scripts/benchmarks/results/engines")
+    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--speed_sentences", type=int, default=256)
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--browser", action="store_true", help="also run transformers.js in headless Chromium")
     args = parser.parse_args(argv)
-    work = Path(tempfile.mkdtemp(prefix="vt_onnx_"))
+    if args.repeats < 1 or args.speed_sentences < 1 or args.threads < 1:
+        parser.error(f"--repeats, --speed_sentences and --threads must be at least 1, got {args.repeats}, "
+                     f"{args.speed_sentences} and {args.threads}")
+    work = Path(tempfile.mkdtemp(prefix="vt_engines_"))
     results = {"environment": environment(), "models": {}}
     sets = {}
     if Path(args.demo_model, "config.json").is_file():
@@ -194,24 +211,23 @@ def main(argv=None):
     exports = {}
     for name, (model_dir, sources, references) in sets.items():
         started = time.perf_counter()
-        exports[name] = export_onnx(model_dir, work / name, quantize="int8")
+        exports[name] = export_all(model_dir, work / name)
         results["models"][name] = {"export_seconds": time.perf_counter() - started,
                                    **quality(name, model_dir, exports[name], sources, references, args.threads)}
     if "demo" in sets and (CLIENT / "node_modules").is_dir() and shutil.which("node"):
         demo_dir, demo_sources, _ = sets["demo"]
-        results["transformers.js"] = [transformers_js(exports["demo"], demo_dir, demo_sources[:JS_SENTENCES], dtype)
+        results["transformers.js"] = [transformers_js(exports["demo"]["onnx"], demo_dir, demo_sources[:JS_SENTENCES], dtype)
                                       for dtype in ("fp32", "q8")]
     if args.browser and "demo" in sets:
         screenshot = Path(args.output).with_name(Path(args.output).name + "_browser.png")
-        results["browser"] = browser(exports["demo"], sets["demo"][1][:8], screenshot)
+        results["browser"] = browser(exports["demo"]["onnx"], sets["demo"][1][:8], screenshot)
     name = "multi30k" if "multi30k" in sets else "demo"
     model_dir, sources = sets[name][:2]
-    ct2 = {"ctranslate2 float32": export_ctranslate2(model_dir, work / "ct2_fp32"),
-           "ctranslate2 int8": export_ctranslate2(model_dir, work / "ct2_int8", quantization="int8")}
-    results["speed"] = {"model": name, "sentences": SPEED_SENTENCES, "threads": args.threads,
-                        "rows": speed(model_dir, exports[name], ct2, sources[:SPEED_SENTENCES], args.threads,
+    results["speed"] = {"model": name, "sentences": min(args.speed_sentences, len(sources)), "threads": args.threads,
+                        "batch_size": BATCH_SIZE,
+                        "rows": speed(model_dir, exports[name], sources[:args.speed_sentences], args.threads,
                                       args.repeats)}
-    command = shlex.join(["python", "-m", "scripts.benchmarks.onnx_engines", *(sys.argv[1:] if argv is None else argv)])
+    command = shlex.join(["python", "-m", "scripts.benchmarks.engines", *(sys.argv[1:] if argv is None else argv)])
     paths = write_report(args.output, {"command": command, **results}, render(results, command))
     print(paths["md"].read_text())
     shutil.rmtree(work, ignore_errors=True)
@@ -220,20 +236,30 @@ def main(argv=None):
 
 def render(results, command):
     env = results["environment"]
-    lines = ["# ONNX export: identical outputs, int8, transformers.js and speed", "", f"`{command}`", "",
-             f"{env['cpu']}, torch {env['torch']}.", ""]
+    s = results["speed"]
+    lines = ["# Engines: generate(), onnxruntime, CTranslate2, transformers.js", "", f"`{command}`", "",
+             f"{env['cpu']}, torch {env['torch']}.", "",
+             f"## Speed: {s['sentences']} {s['model']} sentences in batches of {s['batch_size']}, {s['threads']} threads, "
+             "each system to its own end", "",
+             "| decoding | system | ms | sentences/s | vs generate() |", "|---|---|---|---|---|"]
+    for label, systems in s["rows"].items():
+        lines += [f"| {label} | {name} | {r['ms']:.0f} | {r['sentences_per_s']:.1f} | {r['speed_vs_generate']:.2f}x |"
+                  for name, r in systems.items()]
+    lines.append("")
     for name, r in results["models"].items():
         lines += [f"## {name}: {r['sentences']} sentences", "",
-                  f"Export (float32 and int8, verified): {r['export_seconds']:.0f} s. The float32 export's output is "
-                  f"generate()'s on **{r['identity']['greedy']:.1%}** of the sentences greedily and "
-                  f"**{r['identity']['as saved']:.1%}** with the saved beam search (beam {r['num_beams_as_saved']}).", "",
-                  "| system, decoding | BLEU |", "|---|---|"]
+                  f"Exports (ONNX float32 and int8, CTranslate2 float32 and int8, each verified): "
+                  f"{r['export_seconds']:.0f} s. The float32 exports' outputs are generate()'s on these shares of the "
+                  f"sentences (saved beam: {r['num_beams_as_saved']}):", "",
+                  "| export, decoding | identical to generate() |", "|---|---|"]
+        lines += [f"| {what} | {rate:.1%} |" for what, rate in r["identity"].items()]
+        lines += ["", "| system, decoding | BLEU |", "|---|---|"]
         lines += [f"| {system} | {bleu:.2f} |" for system, bleu in r["bleu"].items()]
         lines += ["", "| file | MB |", "|---|---|"]
         lines += [f"| {file} | {size / 1e6:.2f} |" for file, size in r["files"].items()]
         if r["differences"]:
-            lines += ["", "Where the float32 export's beam output differs (first 10):", "", "| source | ours | onnx |",
-                      "|---|---|---|"]
+            lines += ["", "Where the ONNX float32 export's beam output differs (first 10):", "",
+                      "| source | ours | onnx |", "|---|---|---|"]
             lines += [f"| {d['source']} | {d['ours']} | {d['onnx']} |" for d in r["differences"]]
         lines.append("")
     for js in results.get("transformers.js", []):
@@ -250,12 +276,6 @@ def render(results, command):
                       f"(page load to the last translation):", "", "| English | German (in the browser) |", "|---|---|"]
             lines += [f"| {s} | {t} |" for s, t in zip(b.get("sources", []), b.get("translations", []))]
             lines += ["", f"![the page in headless Chromium]({Path(b['screenshot']).name})", ""]
-    s = results["speed"]
-    lines += [f"## Speed: {s['sentences']} {s['model']} sentences, {s['threads']} threads, each system to its own end",
-              "", "| decoding | system | ms | sentences/s | vs generate() |", "|---|---|---|---|---|"]
-    for label, systems in s["rows"].items():
-        lines += [f"| {label} | {name} | {r['ms']:.0f} | {r['sentences_per_s']:.1f} | {r['speed_vs_generate']:.2f}x |"
-                  for name, r in systems.items()]
     return "\n".join(lines) + "\n"
 
 
