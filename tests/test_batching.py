@@ -133,10 +133,11 @@ def test_train_script_runs_with_a_token_budget(tmp_path, monkeypatch):
         lines = [" ".join(rng.choice(words, rng.integers(2, 12))) for _ in range(n)]
         (tmp_path / f"{split}.en").write_text("\n".join(lines) + "\n")
         (tmp_path / f"{split}.de").write_text("\n".join(reversed(lines)) + "\n")
-    seen = []
-    monkeypatch.setattr("vanilla_transformer.training.trainer.token_batch_train_dataloader",
-                        lambda trainer, budget: seen.append(budget) or batching.token_batch_train_dataloader(
-                            trainer, budget))
+    from vanilla_transformer.training.trainer import PaperTrainer
+
+    seen, token_batches = [], PaperTrainer.token_batch_dataloader
+    monkeypatch.setattr(PaperTrainer, "token_batch_dataloader",
+                        lambda trainer, budget: seen.append(budget) or token_batches(trainer, budget))
     main = runpy.run_path(str(ROOT / "scripts" / "train.py"), run_name="cli")["main"]
     out = tmp_path / "run"
     main(["--output_dir", str(out), "--preset", "tiny", "--vocab_size", "200", "--max_tokens_per_batch", "96",
@@ -193,9 +194,9 @@ def test_the_budget_counts_the_padding_to_a_multiple():
         sampler(pad_to_multiple_of=0)
 
 
-def token_batches(pad_to_multiple_of, budget=256):
+def token_batches(output_dir, pad_to_multiple_of, budget=256):
     model, tokenizer, dataset = tiny_model(), tiny_tokenizer(), tokenized_split(n=300, longest=60)
-    args = TranslationTrainingArguments(output_dir="unused", report_to="none", use_cpu=True,
+    args = TranslationTrainingArguments(output_dir=str(output_dir), report_to="none", use_cpu=True,
                                         generation_num_beams=None)
     collator = TranslationDataCollator(tokenizer, model=model, label_pad_token_id=-100,
                                        pad_to_multiple_of=pad_to_multiple_of)
@@ -204,8 +205,8 @@ def token_batches(pad_to_multiple_of, budget=256):
     return list(trainer.get_train_dataloader())
 
 
-def test_padded_token_batches_fit_the_budget_and_leave_a_handful_of_shapes():
-    padded, unpadded = token_batches(8), token_batches(None)
+def test_padded_token_batches_fit_the_budget_and_leave_a_handful_of_shapes(tmp_path):
+    padded, unpadded = token_batches(tmp_path, 8), token_batches(tmp_path, None)
     for batch in padded:
         assert batch["input_ids"].shape[1] % 8 == 0 and batch["labels"].shape[1] % 8 == 0
         assert batch["input_ids"].numel() <= 256 and batch["labels"].numel() <= 256
@@ -213,7 +214,7 @@ def test_padded_token_batches_fit_the_budget_and_leave_a_handful_of_shapes():
         assert len({b[name].shape[1] for b in padded}) <= 8 < 20 < len({b[name].shape[1] for b in unpadded})
 
 
-def test_a_compiled_model_does_not_recompile_for_every_new_batch_shape():
+def test_a_compiled_model_does_not_recompile_for_every_new_batch_shape(tmp_path):
     from functorch.compile import make_boxed_func
     from torch._dynamo.backends.common import aot_autograd
 
@@ -223,7 +224,7 @@ def test_a_compiled_model_does_not_recompile_for_every_new_batch_shape():
         compiled_graphs.append(graph_module)
         return make_boxed_func(graph_module.forward)
 
-    batches = token_batches(8)
+    batches = token_batches(tmp_path, 8)
     model = tiny_model().train()
     torch._dynamo.reset()
     compiled = torch.compile(model, backend=aot_autograd(

@@ -346,8 +346,12 @@ def test_the_cpu_precision_benchmark_times_both_precisions_of_both_models(tmp_pa
                     "--matmul_size", "32", "--compare_activation_dropout", "0.1", "--output_dir", str(tmp_path)])
     assert set(results["systems"]) == {"ours fp32", "ours bf16", "marian fp32", "marian bf16",
                                        "ours fp32, activation dropout 0.1", "marian fp32, activation dropout 0.1"}
-    assert all(row["step_s"] > 0 for row in results["systems"].values())
-    assert isinstance(results["native_bf16"], bool)
+    from vanilla_transformer.training.arguments import native_bf16
+
+    tokens = results["target_tokens_per_step"]
+    assert 2 <= tokens <= 2 * 4  # --batch_size 2 pairs of at most --length 4 target tokens
+    assert all(row["target_tokens_per_s"] == pytest.approx(tokens / row["step_s"]) for row in results["systems"].values())
+    assert results["native_bf16"] == native_bf16()
     assert {path.name for path in tmp_path.iterdir()} == {"cpu_precision.json", "cpu_precision.md"}
 
 

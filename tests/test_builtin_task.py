@@ -19,7 +19,6 @@ from vanilla_transformer.data.builtin_task import (
     german_number,
     noun_phrase,
     template_pair,
-    write_builtin_task,
 )
 
 SMALL = {"num_train": 600, "num_validation": 50, "num_test": 50}
@@ -145,17 +144,6 @@ def test_allocation_respects_template_sizes():
     assert sum(quotas.values()) == 100_000 and quotas["number"] == TEMPLATE_SIZES["number"]
     assert _allocate(NUM_DISTINCT) == TEMPLATE_SIZES
     assert sum(_allocate(3).values()) == 3
-
-
-def test_write_round_trip(tmp_path):
-    task = build_builtin_task(seed=1, **SMALL)
-    paths = write_builtin_task(tmp_path / "out", seed=1, **SMALL)
-    assert sorted(paths) == ["test", "train", "validation"]
-    for split, langs in paths.items():
-        assert langs == {"en": tmp_path / "out" / f"{split}.en", "de": tmp_path / "out" / f"{split}.de"}
-        en, de = (langs[lang].read_bytes().decode("utf-8").split("\n") for lang in ("en", "de"))
-        assert en[-1] == de[-1] == ""  # every line ends in "\n"
-        assert list(zip(en[:-1], de[:-1])) == pairs_of(task[split])
 
 
 def test_empty_split():

@@ -84,7 +84,8 @@ def test_sharded_checkpoints_average_like_single_files(three_checkpoints, tmp_pa
     single, shards = read_weights(from_single), read_weights(from_shards)
     assert single.keys() == shards.keys()
     assert all(torch.equal(single[name], shards[name]) for name in single)
-    assert AutoModelForSeq2SeqLM.from_pretrained(from_shards) is not None
+    reloaded = AutoModelForSeq2SeqLM.from_pretrained(from_shards).state_dict()
+    assert all(torch.equal(reloaded[name], shards[name]) for name in shards)
 
 
 def test_different_architectures_are_refused(three_checkpoints, tmp_path):

@@ -269,10 +269,6 @@ def test_the_presets_and_the_paper_generation_config_decode_as_the_paper(tmp_pat
     assert model.generate(input_ids=input_ids, attention_mask=attention_mask, max_new_tokens=3).shape[1] == 4
 
 
-def test_model_can_generate():
-    assert VanillaTransformerForConditionalGeneration.can_generate()
-
-
 # Saving and loading -----------------------------------------------------------------------------------
 
 def test_saved_model_reloads_with_identical_logits_and_generations(tmp_path, normalize_before):
@@ -609,6 +605,25 @@ def test_gnmt_is_the_paper_configs_penalty_and_greedy_is_unaffected():
     torch.testing.assert_close(greedy[0], greedy[1], atol=0, rtol=0)
     with pytest.raises(ValueError, match="'bogus'"):
         model.generate(input_ids=input_ids, attention_mask=attention_mask, length_penalty_type="bogus")
+
+
+@pytest.mark.parametrize("method, reads", [
+    ("_update_finished_beams", {"cur_len", "decoder_prompt_len", "length_penalty"}),
+    ("_check_early_stop_heuristic", {"cur_len", "decoder_prompt_len", "length_penalty", "early_stopping", "max_length"}),
+])
+def test_the_private_generation_methods_the_gnmt_penalty_overrides_are_still_there(method, reads):
+    """The GNMT penalty overrides two private GenerationMixin methods; the day transformers renames one, this
+    says which, instead of the paper's beam search silently ranking by |Y|^alpha."""
+    import inspect
+
+    import transformers
+    from transformers.generation.utils import GenerationMixin
+
+    where = f"transformers {transformers.__version__}: GenerationMixin.{method}"
+    assert hasattr(GenerationMixin, method), f"{where} is gone; length_penalty_type='gnmt' overrides it"
+    missing = reads - set(inspect.signature(getattr(GenerationMixin, method)).parameters)
+    assert not missing, f"{where} no longer takes {sorted(missing)}, which the GNMT override reads"
+    assert method in VanillaTransformerForConditionalGeneration.__dict__
 
 
 # The contracts transformers makes of every model ------------------------------------------------------

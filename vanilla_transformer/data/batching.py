@@ -53,11 +53,10 @@ from __future__ import annotations
 import logging
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
-from functools import partial
 
 import numpy as np
 import torch
-from torch.utils.data import DataLoader, Sampler
+from torch.utils.data import Sampler
 from transformers import DataCollatorForSeq2Seq
 
 from ..modeling_vanilla_transformer import check_token_ids
@@ -271,56 +270,5 @@ class TranslationDataCollator(DataCollatorForSeq2Seq):
         return batch
 
 
-def token_batch_train_dataloader(trainer, max_tokens: int) -> DataLoader:
-    """Trainer's training DataLoader with a `TokenBucketBatchSampler` in place of the fixed-size batches.
-
-    The same DataLoader settings as `Trainer._get_dataloader` (collator, workers, worker seeding), prepared
-    by accelerate. The sampler is already rank-aware, so accelerate's `BatchSamplerShard` wrapper is made a
-    pass-through, as Trainer does for its own rank-aware `BatchRebalanceSampler`.
-    """
-    import datasets
-    from transformers.trainer_utils import seed_worker
-
-    args = trainer.args
-    dataset = trainer.train_dataset
-    if dataset is None:
-        raise ValueError("Trainer: training requires a train_dataset.")
-    if isinstance(dataset, (torch.utils.data.IterableDataset, datasets.IterableDataset)):
-        raise ValueError(f"The training set is a {type(dataset).__name__} (streaming): token-based batching "
-                         "(--max_tokens_per_batch, --tokens_per_step) needs every example's length up front, so it "
-                         "needs a map-style datasets.Dataset.")
-    collator = trainer.data_collator
-    # The budget counts the padding the collator adds, so it must know the collator's multiple.
-    pad_to_multiple_of = getattr(collator, "pad_to_multiple_of", None) or 1
-    if isinstance(dataset, datasets.Dataset):
-        dataset = trainer._remove_unused_columns(dataset, description="Training")
-    else:
-        collator = trainer._get_collator_with_removed_columns(collator, description="Training")
-    if getattr(args, "train_sampling_strategy", "random") not in ("random", None):
-        logger.warning("--train_sampling_strategy %s is ignored: --max_tokens_per_batch sets the batches.",
-                       args.train_sampling_strategy)
-    source, target = example_lengths(dataset)
-    sampler = TokenBucketBatchSampler(
-        source, target, max_tokens, seed=args.data_seed if args.data_seed is not None else args.seed,
-        num_replicas=max(1, args.world_size), rank=args.process_index if args.world_size > 1 else 0,
-        pad_to_multiple_of=pad_to_multiple_of,
-    )
-    loader = DataLoader(
-        dataset, batch_sampler=sampler, collate_fn=collator, num_workers=args.dataloader_num_workers,
-        pin_memory=args.dataloader_pin_memory, persistent_workers=args.dataloader_persistent_workers,
-        multiprocessing_context=args.dataloader_multiprocessing_context,
-        prefetch_factor=args.dataloader_prefetch_factor, in_order=args.dataloader_in_order,
-        worker_init_fn=partial(seed_worker, num_workers=args.dataloader_num_workers, rank=args.process_index),
-    )
-    loader = trainer.accelerator.prepare(loader)
-    wrapper = getattr(loader, "batch_sampler", None)
-    if wrapper is not sampler and getattr(wrapper, "batch_sampler", None) is sampler:
-        wrapper.num_processes, wrapper.process_index = 1, 0
-        # A resumed run skips into its epoch through one more wrapper (accelerate's SkipBatchSampler), from
-        # which Trainer reaches only this one: it must pass the epoch on, or the epoch replays epoch 0's order.
-        wrapper.set_epoch = sampler.set_epoch
-    return loader
-
-
 __all__ = ["TokenBucketBatchSampler", "TranslationDataCollator", "TokenBatchPlan", "plan_token_batches",
-           "token_batch_train_dataloader", "example_lengths", "batch_cost", "round_up"]
+           "example_lengths", "batch_cost", "round_up"]

@@ -32,10 +32,8 @@ from __future__ import annotations
 
 import datetime
 import math
-import os
 import random
 from collections.abc import Callable
-from pathlib import Path
 from typing import NamedTuple
 
 from datasets import Dataset, DatasetDict, Features, Translation
@@ -379,23 +377,3 @@ def build_builtin_task(
         splits[split] = Dataset.from_dict({"translation": rows}, features=features)
         start += size
     return DatasetDict(splits)
-
-
-def write_builtin_task(
-    output_dir: str | os.PathLike, seed: int = 0, num_train: int = 40000, num_validation: int = 1000,
-    num_test: int = 1000,
-) -> dict[str, dict[str, Path]]:
-    """Write aligned {split}.en and {split}.de (UTF-8, a sentence a line); return {split: {lang: path}}."""
-    task = build_builtin_task(seed, num_train, num_validation, num_test)
-    output_dir = Path(output_dir)
-    output_dir.mkdir(parents=True, exist_ok=True)
-    paths: dict[str, dict[str, Path]] = {}
-    for split in SPLITS:
-        rows = task[split]["translation"]
-        paths[split] = {}
-        for lang in ("en", "de"):
-            paths[split][lang] = output_dir / f"{split}.{lang}"
-            # newline="\n" keeps the bytes the same on Windows.
-            with open(paths[split][lang], "w", encoding="utf-8", newline="\n") as handle:
-                handle.writelines(row[lang] + "\n" for row in rows)
-    return paths
