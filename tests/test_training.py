@@ -76,6 +76,26 @@ def test_checkpoints_saved_after_a_generating_evaluation_keep_the_models_generat
         assert "max_length" not in saved and saved == final and saved["num_beams"] == 4
 
 
+def test_a_time_budget_stops_training_cleanly_with_a_checkpoint_of_the_last_step(tmp_path, monkeypatch):
+    clock = iter(range(0, 10_000, 60))  # a minute passes between two readings of the clock
+    monkeypatch.setattr("vanilla_transformer.training.trainer.time.monotonic", lambda: next(clock))
+    arguments = TINY_RUN + ["--output_dir", str(tmp_path / "run"), "--max_eval_samples", "2", "--save_steps", "100",
+                            "--max_train_minutes", "2.5"]
+    arguments[arguments.index("--save_strategy") + 1] = "steps"
+    arguments[arguments.index("--max_steps") + 1] = "1000"
+    results = run(*parse(arguments))
+    # Read at the start (0), then after steps 1, 2 and 3 (1, 2 and 3 minutes): step 3 is the first past 2.5 minutes.
+    assert results["train"]["stopped_by_time_budget_at_step"] == 3 and results["train"]["max_train_minutes"] == 2.5
+    assert sorted(p.name for p in (tmp_path / "run").glob("checkpoint-*")) == ["checkpoint-3"]
+    assert json.loads((tmp_path / "run" / "results.json").read_text())["train"]["stopped_by_time_budget_at_step"] == 3
+
+
+@pytest.mark.parametrize("minutes", ["0", "-5", "nan", "inf"])
+def test_a_time_budget_that_is_not_a_positive_number_of_minutes_is_refused(tmp_path, minutes):
+    with pytest.raises(ValueError, match=f"--max_train_minutes must be a positive number of minutes, got {minutes}"):
+        parse(TINY_RUN + ["--output_dir", str(tmp_path / "run"), "--max_train_minutes", minutes])
+
+
 def test_a_learning_rate_other_than_one_is_refused_with_noam(tmp_path):
     parsed = parse(TINY_RUN + ["--output_dir", str(tmp_path / "run"), "--learning_rate", "5e-4"])
     with pytest.raises(ValueError, match="learning_rate must be 1.0"):

@@ -71,6 +71,10 @@ class RecipeArguments:
                 "big); the last step's weights stay in its checkpoint folder."})
     paper_bleu: bool = field(default=False, metadata={
         "help": "Also score the paper's tokenized BLEU (Moses tokens, compound splitting; metrics.paper_bleu)."})
+    max_train_minutes: float | None = field(default=None, metadata={
+        "help": "Stop training cleanly once this many minutes have passed since it began (the step in progress "
+                "finishes and is saved as a checkpoint; averaging and evaluation follow), or at --max_steps, "
+                "whichever comes first."})
 
     def __post_init__(self):
         for name in ("pad_to_multiple_of", "tokens_per_step", "max_tokens_per_device", "average_last_checkpoints",
@@ -80,6 +84,8 @@ class RecipeArguments:
                 raise ValueError(f"--{name} must be a positive int, got {value!r}.")
         if not self.noam_factor > 0:
             raise ValueError(f"--noam_factor must be > 0, got {self.noam_factor!r}.")
+        if self.max_train_minutes is not None and not 0 < self.max_train_minutes < float("inf"):
+            raise ValueError(f"--max_train_minutes must be a positive number of minutes, got {self.max_train_minutes!r}.")
         if self.tokens_per_step is not None and self.max_tokens_per_batch is not None:
             raise ValueError(f"Give --tokens_per_step (the batch per optimizer step, planned) or --max_tokens_per_batch "
                              f"(the budget per device batch), not both (got --tokens_per_step {self.tokens_per_step} "

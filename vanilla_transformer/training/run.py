@@ -26,7 +26,7 @@ from . import metrics
 from .arguments import DataArguments, ModelArguments, RecipeArguments, TranslationTrainingArguments
 from .checkpoints import replace_weights_with_average, resolve_checkpoint
 from .schedule import NoamLambda
-from .trainer import PaperTrainer
+from .trainer import PaperTrainer, TrainingTimeBudget
 
 logger = logging.getLogger(__name__)
 SPLITS = ("train", "validation", "test")
@@ -43,8 +43,12 @@ def run(model_args: ModelArguments, data: DataArguments, recipe: RecipeArguments
     (enable_full_determinism if args.full_determinism else set_seed)(args.seed)
     model = build_model(model_args, recipe, tokenizer)
     train_set, eval_set, results = tokenize_splits(raw, tokenizer, data, args)
-    trainer = build_trainer(model, tokenizer, train_set, eval_set, recipe, args, results, callbacks)
+    budget = [TrainingTimeBudget(recipe.max_train_minutes)] if recipe.max_train_minutes else []
+    trainer = build_trainer(model, tokenizer, train_set, eval_set, recipe, args, results, [*(callbacks or []), *budget])
     results["train"].update(train(trainer, args))
+    if budget:
+        results["train"].update(max_train_minutes=recipe.max_train_minutes,
+                                stopped_by_time_budget_at_step=budget[0].stopped_at_step)
     if trainer.is_world_process_zero():
         results.update(finish_folder(trainer, tokenizer, raw, model_args, data, recipe, args, results))
     return results

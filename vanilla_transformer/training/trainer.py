@@ -2,11 +2,12 @@
 
 import copy
 import logging
+import time
 from functools import partial
 
 import torch
 from torch.utils.data import DataLoader
-from transformers import Seq2SeqTrainer
+from transformers import Seq2SeqTrainer, TrainerCallback
 
 from ..data.batching import TokenBucketBatchSampler, example_lengths
 from .arguments import TranslationTrainingArguments
@@ -112,4 +113,33 @@ class PaperTrainer(Seq2SeqTrainer):
         return self.lr_scheduler
 
 
-__all__ = ["PaperTrainer"]
+class TrainingTimeBudget(TrainerCallback):
+    """Stops training once `minutes` of wall-clock time have passed since it began: the step in progress ends and
+    is saved as a checkpoint (where checkpoints are saved by steps), so what follows (averaging, evaluation) finds
+    the newest weights. Every process stops at the same step: the slowest clock decides, through one all-reduce
+    of a flag a step (the only per-step read-back it adds, and only with several processes)."""
+
+    def __init__(self, minutes: float):
+        self.seconds = 60 * minutes
+        self.started = None
+        self.stopped_at_step = None
+
+    def on_train_begin(self, args, state, control, **kwargs):
+        self.started = time.monotonic()
+
+    def on_step_end(self, args, state, control, **kwargs):
+        spent = time.monotonic() - self.started >= self.seconds
+        if args.world_size > 1 and torch.distributed.is_initialized():
+            flag = torch.tensor(float(spent), device=args.device)
+            torch.distributed.all_reduce(flag, op=torch.distributed.ReduceOp.MAX)
+            spent = bool(flag.item())
+        if spent and not control.should_training_stop:
+            logger.warning("Stopping after step %d: the --max_train_minutes budget of %.1f minutes is spent.",
+                           state.global_step, self.seconds / 60)
+            self.stopped_at_step = state.global_step
+            control.should_training_stop = True
+            control.should_save = args.save_strategy == "steps"
+        return control
+
+
+__all__ = ["PaperTrainer", "TrainingTimeBudget"]
