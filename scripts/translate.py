@@ -32,11 +32,14 @@ def main(argv=None):
     parser.add_argument("--num_beams", type=int, default=None, help="Default: the model's generation config (4).")
     parser.add_argument("--max_new_tokens", type=int, default=None,
                         help="Default: source length + 50 (§6.1), from the generation config.")
+    parser.add_argument("--max_source_length", type=int, default=None,
+                        help="Refuse (naming the line) an input of more tokens than this; default: no limit, "
+                             "or an export's positions.")
     parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     parser.add_argument("--attention_map", default=None,
                         help="Also draw the encoder-decoder attention of the first sentence into this PNG.")
     args = parser.parse_args(argv)
-    for flag in ("batch_size", "num_beams", "max_new_tokens"):
+    for flag in ("batch_size", "num_beams", "max_new_tokens", "max_source_length"):
         if getattr(args, flag) is not None and getattr(args, flag) < 1:
             parser.error(f"--{flag} must be at least 1, got {getattr(args, flag)}")
     if args.input != "-" and not Path(args.input).is_file():
@@ -56,7 +59,7 @@ def main(argv=None):
     try:
         translations = translator.translate([lines[i] for i in indices], batch_size=args.batch_size,
                                             num_beams=args.num_beams, max_new_tokens=args.max_new_tokens,
-                                            progress=args.output != "-")
+                                            max_source_length=args.max_source_length, progress=args.output != "-")
     except InputTooLong as error:
         parser.exit(1, f"{parser.prog}: error: {error.describe(f'--input line {indices[error.index] + 1}')}\n")
     if args.attention_map and indices:

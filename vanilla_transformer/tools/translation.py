@@ -89,7 +89,7 @@ class GenerateTranslator(Translator):
     def __init__(self, model, tokenizer, **generate_kwargs):
         self.model, self.tokenizer, self.generate_kwargs = model, tokenizer, generate_kwargs
         config = generate_kwargs.get("generation_config") or model.generation_config
-        self.decoding = {"num_beams": generate_kwargs.get("num_beams", config.num_beams)}
+        self.decoding = {"num_beams": config.num_beams}
 
     def budget(self, source_length, max_new_tokens):
         return max_new_tokens
