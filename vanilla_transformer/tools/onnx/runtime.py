@@ -1,10 +1,11 @@
 """An ONNX export on onnxruntime: the two graphs (`OnnxSeq2Seq`), generate()'s greedy and beam search over them,
 and `OnnxTranslator`, the engine behind the translation loop (`tools.translation`).
 
-The search is generate()'s, step for step, with the arithmetic in torch (log-softmax, `topk`, gathers) on
-zero-copy views of onnxruntime's outputs, so ties break as generate()'s do. What it does not repeat: the
-encoder-decoder keys and values are computed on the first step and never reordered between beams (the beams
-of one source share them), and only the self-attention past follows the beams.
+The search is generate()'s, step for step, with its arithmetic in torch on zero-copy views of onnxruntime's
+outputs. What it leaves out changes no hypothesis: the encoder-decoder keys and values are computed on the first
+step and never reordered (the beams of one source share them); each beam ranks only its own 2 x beams best
+tokens, not the vocabulary; and a source leaves the batch once its result is final, as in fairseq's search,
+where generate() computes every row until the whole batch is done.
 """
 
 import json
