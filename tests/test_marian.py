@@ -12,7 +12,7 @@ from transformers.models.marian.modeling_marian import MarianSinusoidalPositiona
 
 from conftest import VOCAB, run_without_the_package, snapshot, tiny_tokenizer
 from vanilla_transformer import VanillaTransformerForConditionalGeneration
-from vanilla_transformer.tools import marian
+from vanilla_transformer.tools import marian as marian_module
 from vanilla_transformer.tools.marian import convert_marian, residual_permutation
 from vanilla_transformer.modeling_vanilla_transformer import SinusoidalPositionalEncoding
 
@@ -105,7 +105,7 @@ def test_the_mapping_is_exact_in_float64_given_the_same_position_table(monkeypat
 def test_without_the_permutation_the_logits_differ(monkeypatch):
     """The control: the LayerNorm perturbation makes the permutation matter."""
     marian = tiny_marian()
-    monkeypatch.setattr(marian, "residual_permutation", lambda d_model: torch.arange(d_model))
+    monkeypatch.setattr(marian_module, "residual_permutation", lambda d_model: torch.arange(d_model))
     batch = padded_batch()
     assert (logits(convert_marian(marian, verify=False), *batch) - logits(marian, *batch)).abs().max() > 0.1
 
@@ -213,7 +213,7 @@ def test_a_wrong_conversion_is_refused_by_its_own_verification_before_anything_i
 
     marian = tiny_marian()
     # A converter bug: the residual stream left in Marian's [sin | cos] order.
-    monkeypatch.setattr(marian, "residual_permutation", lambda d_model: torch.arange(d_model))
+    monkeypatch.setattr(marian_module, "residual_permutation", lambda d_model: torch.arange(d_model))
     with pytest.raises(VerificationError, match=r"logits differ from the model's by up to \d.*more than the "
                                                 r"tolerance 0.0001.*nothing was written"):
         convert_marian(marian, tmp_path / "wrong")
