@@ -1,9 +1,9 @@
 """The benchmark's promises: it compares like with like, and its reports are written. No timing is asserted."""
 
 import json
+import re
 import subprocess
 import sys
-from pathlib import Path
 
 import pytest
 import torch
@@ -20,6 +20,7 @@ from scripts.benchmarks.floors import (
     token_counts,
     training_flops,
 )
+from scripts.benchmarks import benchmark
 from scripts.benchmarks.peers import run_benchmark, verdicts
 from scripts.benchmarks.report import write_results
 from scripts.benchmarks.workloads import (
@@ -203,25 +204,38 @@ def test_quick_benchmark_compares_like_with_like_and_writes_reports(spec, tmp_pa
         assert set(results[workload]["systems"]) >= {"ours", "marian"}
         assert all(len(s["times_s"]) == spec.repeats for s in results[workload]["systems"].values())
     assert [p["new_tokens"] for p in results["beam_curve"]["points"]] == list(spec.curve_lengths)
-    assert 0 < results["train"]["systems"]["ours"]["mfu"]
-    assert set(results["train"]["systems"]) == {"ours", "marian"}
-    assert len(results["train"]["floor"]["times_s"]) == spec.repeats
+    train = results["train"]
+    assert set(train["systems"]) == {"ours", "marian"}
+    assert len(train["floor"]["times_s"]) == spec.repeats
+    for system in train["systems"].values():  # every derived figure follows from the measured medians
+        assert system["mfu"] == pytest.approx(train["flops_per_step"] / system["median_s"]
+                                              / results["matmul_peak"]["flops"])
+        assert system["throughput"] == pytest.approx(train["target_tokens"] / system["median_s"])
+    assert train["ceiling_vs_marian"] == pytest.approx(train["systems"]["marian"]["median_s"] / train["floor"]["median_s"])
     compiled = results["train_compiled"]  # eager and torch.compile'd steps, interleaved; compilation timed apart
-    assert set(compiled["systems"]) == {"ours_eager", "ours_compiled", "marian_eager", "marian_compiled"}
-    assert compiled["backend"] == "aot_eager" and all(seconds > 0 for seconds in compiled["compile_s"].values())
-    assert compiled["compiled_speed_vs_marian_compiled"] > 0 and min(compiled["compiled_speed_vs_eager"].values()) > 0
-    assert results["verdicts"]["train_speed_vs_marian"]["ceiling"] == results["train"]["ceiling_vs_marian"] > 0
-    for workload in ("greedy", "beam"):  # the floor is timed with the systems, and bounds what they can gain
-        assert len(results[workload]["projection_floor"]["times_s"]) == spec.repeats
-        assert len(results[workload]["attention_floor"]["times_s"]) == spec.repeats
-        assert results[workload]["ceiling_vs_marian"] > 0
-    assert all(p["flop_ratio"] > 1 and p["ceiling"] > 0 for p in results["beam_curve"]["points"])
-    for workload in ("greedy", "beam"):  # generate()'s own loop tightens the ceiling
+    c = {name: system["median_s"] for name, system in compiled["systems"].items()}
+    assert set(c) == {"ours_eager", "ours_compiled", "marian_eager", "marian_compiled"}
+    assert compiled["backend"] == "aot_eager" and set(compiled["compile_s"]) == {"ours", "marian"}
+    assert compiled["compiled_speed_vs_marian_compiled"] == pytest.approx(c["marian_compiled"] / c["ours_compiled"])
+    assert compiled["compiled_speed_vs_eager"] == pytest.approx({n: c[f"{n}_eager"] / c[f"{n}_compiled"]
+                                                                 for n in ("ours", "marian")})
+    assert results["verdicts"]["train_speed_vs_marian"]["ceiling"] == train["ceiling_vs_marian"]
+    for workload in ("greedy", "beam"):  # the floors are timed with the systems, and bound what they can gain
         w = results[workload]
+        assert len(w["projection_floor"]["times_s"]) == len(w["attention_floor"]["times_s"]) == spec.repeats
+        marian, floor = w["systems"]["marian"]["median_s"], w["projection_floor"]["median_s"]
+        assert w["ceiling_vs_marian"] == pytest.approx(marian / floor)
+        # generate()'s own loop tightens the ceiling
         assert set(w["generation_split"]) == {"ours", "marian"}
-        assert 0 < w["ceiling_through_generate"] < w["ceiling_vs_marian"]
+        loop = min(split["loop_s"] for split in w["generation_split"].values())
+        assert w["ceiling_through_generate"] == pytest.approx(
+            marian / (floor + w["attention_floor"]["median_s"] + loop))
+        assert w["ceiling_through_generate"] < w["ceiling_vs_marian"]
         assert results["verdicts"][f"{workload}_speed_vs_marian"]["ceiling"] == w["ceiling_through_generate"]
-    assert all(0 < p["ceiling_through_generate"] < p["ceiling"] for p in results["beam_curve"]["points"])
+    for p in results["beam_curve"]["points"]:
+        assert p["speedup"] == pytest.approx(p["textbook_s"] / p["ours_s"]) and p["flop_ratio"] > 1
+        assert p["ceiling_through_generate"] == pytest.approx(
+            p["textbook_s"] / (p["projection_floor_s"] + p["attention_floor_s"] + p["generate_loop_s"]))
     for workload in ("train", "greedy", "beam"):
         times = results[workload]["systems"]
         paired = results["paired_ratios"][f"{workload}_speed_vs_marian"]
@@ -245,9 +259,17 @@ def test_quick_benchmark_compares_like_with_like_and_writes_reports(spec, tmp_pa
 
     # --render rewrites the reports of a saved run without measuring anything.
     paths["md"].unlink()
-    subprocess.run([sys.executable, "-m", "scripts.benchmarks.benchmark", "--render", str(paths["json"])], check=True,
-                   capture_output=True, cwd=Path(__file__).resolve().parents[1])
+    benchmark.main(["--render", str(paths["json"])])
     assert paths["md"].read_text() == markdown
+
+
+@pytest.mark.parametrize("fields, message", [
+    (dict(device="cuda:0"), "`memory` measures the resident memory of CPU processes; with device 'cuda:0'"),
+    (dict(device="gpu", memory=False), "`device` 'gpu' is not a torch device"),
+])
+def test_a_benchmark_spec_refuses_a_device_it_cannot_measure_naming_it(fields, message):
+    with pytest.raises(ValueError, match=re.escape(message)):
+        BenchmarkSpec(**fields)
 
 
 def test_ours_is_called_faster_or_slower_only_where_every_estimate_agrees():
@@ -263,9 +285,9 @@ def test_ours_is_called_faster_or_slower_only_where_every_estimate_agrees():
                               "beam_speed_vs_marian": {"median": 0.8, "q1": 0.75, "q3": 0.9},
                               "greedy_speed_vs_marian": {"median": 1.6, "q1": greedy_q1, "q3": 1.7}},
             "memory_mib": {"ours": {"train": 100.0, "greedy": 10.0}, "marian": {"train": 100.5, "greedy": 20.0}},
-            "train": {"systems": {"marian": {"mfu": 0.5}}},
-            "greedy": {"ceiling_vs_marian": 2.0}, "beam": {"ceiling_vs_marian": 2.0},
-            "beam_curve": {"points": [{"new_tokens": 30, "ceiling": 8.0}]},
+            "train": {"ceiling_vs_marian": 2.0},
+            "greedy": {"ceiling_through_generate": 2.0}, "beam": {"ceiling_through_generate": 2.0},
+            "beam_curve": {"points": [{"new_tokens": 30, "ceiling_through_generate": 8.0}]},
         }
 
     said = {name: v["verdict"] for name, v in verdicts(results(greedy_q1=1.55)).items()}

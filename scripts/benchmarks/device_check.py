@@ -4,7 +4,7 @@
 On a CUDA machine it measures, in a few minutes and installing nothing:
 
 1. attention agreement: logits of eager, SDPA and (when installed) flash-attention against fp32 eager on a
-   padded batch, plus SDPA forced onto its flash kernel on an unpadded batch (bf16);
+   padded batch, plus SDPA forced onto each of its kernels on an unpadded batch (bf16);
 2. the bf16 training step at the paper's batch (§5.1: about 25,000 source and 25,000 target tokens; here
    ~1,040 rows of 32 positions per side, each row's length uniform in [16, 32] as in Multi30k, padded
    to 32 as --pad_to_multiple_of 8 pads) of the paper's base and big models, trained as Trainer --bf16 trains
@@ -12,25 +12,24 @@ On a CUDA machine it measures, in a few minutes and installing nothing:
    ours and MarianMTModel of the same shape, each eager and under torch.compile(model) (what Trainer
    --torch_compile does: inductor, default mode; the optimizer step stays eager). For each: step time,
    tokens/s, model TFLOP/s and model-FLOPs utilisation against the bf16 matmul peak measured on the same
-   card, peak memory, compile seconds; ratios, and the paper's runs (100k steps; big also 300k) projected at
-   our compiled step time. All four stay resident: big is ~214M parameters, so fp32 weights, gradients and
-   two Adam moments are ~3.4 GB a system and ~14 GB for four, and one step's activations (only one step is
-   live at a time) are some tens of GB, well inside an H200;
+   card, peak memory, compile seconds; ratios. scripts/benchmarks/cost_model.py projects the paper's runs
+   from it;
 3. beam search (beam 4, bf16 weights, fixed output length): tokens/s and peak memory;
-4. the performance comparisons of scripts/benchmarks/benchmark.py on this device (fp32, interleaved): ours vs
-   MarianMTModel of the same shape (training step, greedy and beam-4 decoding, greedy with a static cache,
-   which generate() compiles) and beam-4 vs the textbook no-cache decoder at growing output lengths;
+4. `make bench`'s benchmark on this device (`peers.run_benchmark` with the spec's device; fp32, interleaved):
+   ours vs MarianMTModel of the same shape and the textbook no-cache decoder, with the same floors,
+   ceilings and report as on the CPU;
 5. a short bf16 training run of scripts/train.py on the built-in task (small model) whose loss must fall.
 
 It writes device_check.json and device_check.md to $OUT if set, else device_check_out/ (or --out).
 It rewrites them after every section, so that a run stopped by the wrapper's time limit keeps what it measured.
-Without CUDA it prints why and exits 0. `--cpu_smoke` runs the same code on the CPU with tiny sizes (< 90 s),
-for tests; its numbers mean nothing (and it compiles with the aot_eager backend: inductor's C++ code
-generation takes minutes on a small CPU).
+Without CUDA it prints why and exits 0. `--cpu_smoke` runs the same code on the CPU with tiny sizes, for tests;
+its numbers mean nothing (and it compiles with the aot_eager backend: inductor's C++ code generation takes
+minutes on a small CPU).
 """
 
 import argparse
 import json
+import math
 import os
 import statistics
 import subprocess
@@ -41,40 +40,48 @@ import traceback
 from pathlib import Path
 
 from . import toolkit
+from .toolkit import markdown_table
 
 REPO = Path(__file__).resolve().parents[2]
 
 GIB = 2**30
 
-# §5.2: base trained 100,000 steps, big 300,000; the paper-batch section projects both at our step time.
-PAPER_STEPS = {"base": 100_000, "big": 300_000}
-
 GPU_SETTINGS = dict(
-    attention_preset="base", vocab_size=37000, matmul_size=8192, matmul_repeats=10,
+    attention=dict(preset="base", vocab_size=37000), matmul_size=8192, matmul_repeats=10,
     # 4 inductor compiles (~40-70 s each with 16 cores) dominate this section's few minutes; a preset not
     # started `start_by_s` seconds into the check is skipped, so that a slow compile cannot run the whole
     # check into the wrapper's 470 s kill.
     paper=dict(presets=("base", "big"), vocab_size=37000, tokens=25000, width=32, warmup_steps=3, timed_steps=8,
                compile_backend=None, start_by_s=250),
-    beam_preset="base", beam_batch=64, beam_source_length=32, beam_new_tokens=32, beam_repeats=3,
-    peers=dict(preset="base", vocab_size=37000, train_batch=64, length=32, decode_batch=64, new_tokens=30,
-               curve=(10, 30, 100), repeats=3),
+    beam=dict(preset="base", vocab_size=37000, batch=64, source_length=32, new_tokens=32, repeats=3),
+    # BenchmarkSpec fields; the benchmark's compiled training step is left to the paper-batch section.
+    benchmark=dict(preset="base", vocab_size=37000, batch_size=64, source_length=32, target_length=32,
+                   generation_batch_size=64, new_tokens=30, curve_lengths=(10, 30, 100), repeats=3,
+                   matmul_size=8192, compile_backend=None),
     run=dict(preset="small", vocab_size=4000, max_steps=150, batch=128, warmup=100, train_samples=20000,
              eval_samples=100, logging_steps=10, timeout_s=300, workers=2),
 )
 CPU_SMOKE_SETTINGS = dict(
-    attention_preset="tiny", vocab_size=1000, matmul_size=256, matmul_repeats=2,
-    paper=dict(presets=("tiny",), vocab_size=1000, tokens=256, width=8, warmup_steps=1, timed_steps=2,
+    attention=dict(preset="tiny", vocab_size=1000), matmul_size=256, matmul_repeats=2,
+    paper=dict(presets=("tiny",), vocab_size=1000, tokens=96, width=8, warmup_steps=0, timed_steps=1,
                compile_backend="aot_eager", start_by_s=300),
-    beam_preset="tiny", beam_batch=2, beam_source_length=8, beam_new_tokens=4, beam_repeats=1,
-    peers=dict(preset="tiny", vocab_size=1000, train_batch=4, length=8, decode_batch=2, new_tokens=4, curve=(2, 4),
-               repeats=1),
-    run=dict(preset="tiny", vocab_size=300, max_steps=30, batch=16, warmup=10, train_samples=512,
+    beam=dict(preset="tiny", vocab_size=1000, batch=2, source_length=8, new_tokens=4, repeats=1),
+    benchmark=dict(preset="tiny", vocab_size=1000, batch_size=4, source_length=8, target_length=8,
+                   generation_batch_size=2, new_tokens=4, curve_lengths=(2,), repeats=1, warmup=0, matmul_size=128,
+                   compile_backend=None),
+    run=dict(preset="tiny", vocab_size=300, max_steps=20, batch=16, warmup=8, train_samples=320,
              eval_samples=4, logging_steps=2, timeout_s=150, workers=0),
 )
 
 
-# Helpers -------------------------------------------------------------------------------------------------
+def spec_on(device, **fields):
+    """A benchmark spec on `device`, with this process's threads and no CPU memory measurement."""
+    import torch
+
+    from .workloads import BenchmarkSpec
+
+    return BenchmarkSpec(**{"device": str(device), "memory": False, "threads": torch.get_num_threads(), **fields})
+
 
 def reset_peak(device):
     import torch
@@ -88,56 +95,6 @@ def peak_gib(device):
     import torch
 
     return torch.cuda.max_memory_allocated(device) / GIB if device.type == "cuda" else None
-
-
-def interleaved_ms(tasks: dict, device, repeats: int, warmup: int = 2) -> dict[str, float]:
-    """Median milliseconds per call of each task, the systems taking turns, each call waited for on the device."""
-    return toolkit.median_ms(tasks, repeats, warmup, device)
-
-
-def timed(fn, device, repeats: int, warmup: int) -> list[float]:
-    return toolkit.time_interleaved({"task": fn}, repeats, warmup, device)["task"]
-
-
-def padded_batch(batch, source_length, target_length, vocab_size, device, seed=0, pad=True, full_width=False):
-    """Right-padded sources and -100-padded labels with lengths in [L/2, L] (or full length). The padded width is
-    the longest drawn length, or L itself with `full_width` (as a collator padding to a multiple of L pads)."""
-    import torch
-    import torch.nn.functional as F
-
-    from .workloads import padded_ids
-
-    generator = torch.Generator().manual_seed(seed)
-
-    def ids_and_mask(length):
-        ids, mask = padded_ids(batch, length, vocab_size, generator)
-        if full_width:
-            ids, mask = (F.pad(t, (0, length - t.shape[1])) for t in (ids, mask))  # pad id and mask are both 0
-        return ids, mask
-
-    if pad:
-        input_ids, attention_mask = ids_and_mask(source_length)
-        labels, label_mask = ids_and_mask(target_length)
-        labels = labels.masked_fill(label_mask == 0, -100)
-    else:
-        input_ids = torch.randint(4, vocab_size, (batch, source_length), generator=generator)
-        attention_mask = torch.ones_like(input_ids)
-        labels = torch.randint(4, vocab_size, (batch, target_length), generator=generator)
-    return {k: v.to(device) for k, v in
-            {"input_ids": input_ids, "attention_mask": attention_mask, "labels": labels}.items()}
-
-
-def build_model(preset, vocab_size, device, attn="sdpa", dtype=None, dropout=None, seed=0):
-    import torch
-
-    from vanilla_transformer import VanillaTransformerConfig, VanillaTransformerForConditionalGeneration
-
-    overrides = {} if dropout is None else {"dropout": dropout}
-    config = VanillaTransformerConfig.from_preset(preset, vocab_size=vocab_size, **overrides)
-    torch.manual_seed(seed)
-    model = VanillaTransformerForConditionalGeneration._from_config(config, attn_implementation=attn)
-    model = model.to(device)
-    return model.to(dtype) if dtype is not None else model
 
 
 def flash_implementations() -> list[str]:
@@ -178,24 +135,28 @@ def attention_agreement(device, s) -> dict:
     """Max |logits - fp32 eager logits| for each implementation and dtype; the scale is max |fp32 logits|."""
     import torch
 
-    batch = padded_batch(8, 32, 24, s["vocab_size"], device, seed=1)
-    full = padded_batch(8, 32, 24, s["vocab_size"], device, seed=2, pad=False)
-    reference = build_model(s["attention_preset"], s["vocab_size"], device, attn="eager", dropout=0.0).eval()
-    state = reference.state_dict()
+    from . import workloads
+
+    spec = spec_on(device, **s["attention"], batch_size=8, source_length=32, target_length=24,
+                   config_overrides={"dropout": 0.0})
+    config = workloads.model_config(spec)
+    padded = workloads.training_batch(spec, config, seed=1)
+    generator = torch.Generator().manual_seed(2)
+    ids, labels = (torch.randint(4, config.vocab_size, (8, n), generator=generator).to(device) for n in (32, 24))
+    full = {"input_ids": ids, "attention_mask": torch.ones_like(ids), "labels": labels}
+    reference = workloads.build_model(spec, attn_implementation="eager").eval()
 
     def logits(impl, dtype, inputs, backend=None):
-        model = build_model(s["attention_preset"], s["vocab_size"], device, attn="eager", dropout=0.0).eval()
-        model.load_state_dict(state)
-        model = model.to(dtype)
+        model = workloads.build_model(spec, attn_implementation="eager").eval().to(dtype)
         model.set_attn_implementation(impl)
         context = torch.nn.attention.sdpa_kernel(backend) if backend is not None else torch.no_grad()
         with torch.no_grad(), context:
             return model(**inputs).logits.float()
 
     with torch.no_grad():
-        ref_padded = reference(**batch).logits.float()
+        ref_padded = reference(**padded).logits.float()
         ref_full = reference(**full).logits.float()
-    out = {"preset": s["attention_preset"], "logit_scale": ref_padded.abs().max().item(), "padded": {}, "unpadded": {}}
+    out = {"preset": spec.preset, "logit_scale": ref_padded.abs().max().item(), "padded": {}, "unpadded": {}}
     dtypes = {"fp32": torch.float32, "bf16": torch.bfloat16}
     for impl in ["eager", "sdpa", *flash_implementations()]:
         for dname, dtype in dtypes.items():
@@ -203,7 +164,7 @@ def attention_agreement(device, s) -> dict:
                 continue  # flash kernels take fp16/bf16 only
             key = f"{impl}/{dname}"
             try:
-                out["padded"][key] = (logits(impl, dtype, batch) - ref_padded).abs().max().item()
+                out["padded"][key] = (logits(impl, dtype, padded) - ref_padded).abs().max().item()
             except Exception as error:  # noqa: BLE001 - recorded, not fatal
                 out["padded"][key] = f"error: {type(error).__name__}: {error}"[:300]
     if device.type == "cuda":
@@ -217,31 +178,7 @@ def attention_agreement(device, s) -> dict:
             except Exception as error:  # noqa: BLE001
                 out["unpadded"][f"{name}/bf16"] = f"error: {type(error).__name__}: {error}"[:300]
     out["unpadded"]["eager/bf16"] = (logits("eager", torch.bfloat16, full) - ref_full).abs().max().item()
-
     return out
-
-
-def autocast_train_step(model, batch, optimizer, device, losses: list | None = None):
-    """One optimizer step as Trainer --bf16 takes it: bf16 autocast over fp32 weights; appends the loss to
-    `losses` (still on the device: reading it would synchronise every step)."""
-    import torch
-
-    def step():
-        optimizer.zero_grad(set_to_none=True)
-        with torch.autocast(device.type, dtype=torch.bfloat16):
-            loss = model(**batch).loss
-        loss.backward()
-        optimizer.step()
-        if losses is not None:
-            losses.append(loss.detach())
-    return step
-
-
-def adamw(model, device):
-    """Trainer's default optimizer on a GPU (adamw_torch_fused) with the paper's betas and epsilon (§5.3)."""
-    from vanilla_transformer.training.schedule import paper_adam
-
-    return paper_adam([p for p in model.parameters() if p.requires_grad], lr=1e-4, fused=device.type == "cuda")
 
 
 def resident_bytes(model, optimizer) -> int:
@@ -275,30 +212,34 @@ def paper_batch_preset(device, preset, p, batch, peak_tflops, errors) -> dict:
 
     import torch
 
+    from vanilla_transformer.training import paper_adam
+
     from . import floors, workloads
 
-    spec = workloads.BenchmarkSpec(preset=preset, vocab_size=p["vocab_size"], batch_size=batch["input_ids"].shape[0],
-                               source_length=p["width"], target_length=p["width"], threads=torch.get_num_threads())
+    spec = spec_on(device, preset=preset, vocab_size=p["vocab_size"], batch_size=batch["input_ids"].shape[0],
+                   source_length=p["width"], target_length=p["width"])
     models = {}
     for name, model in workloads.build_models(spec).items():
-        models[f"{name}_eager"] = model.to(device).train()
+        models[f"{name}_eager"] = model.train()
         # A copy, not the same module: each system trains its own weights with its own optimizer.
-        models[f"{name}_compiled"] = torch.compile(copy.deepcopy(models[f"{name}_eager"]),
-                                                   backend=p["compile_backend"] or "inductor")
+        models[f"{name}_compiled"] = torch.compile(copy.deepcopy(model), backend=p["compile_backend"] or "inductor")
     config = models["ours_eager"].config
     systems, losses, first_step_s = {}, {}, {}
     for name, model in models.items():
-        optimizer = adamw(model, device)
+        # Trainer's default optimizer on a GPU (adamw_torch_fused) with the paper's betas and epsilon (§5.3).
+        optimizer = paper_adam([p for p in model.parameters() if p.requires_grad], lr=1e-4,
+                               fused=device.type == "cuda")
+        train_step = workloads.make_train_step(model, batch, autocast=torch.bfloat16, optimizer=optimizer)
         losses[name] = []
-        step = autocast_train_step(model, batch, optimizer, device, losses[name])
+        step = lambda train_step=train_step, name=name: losses[name].append(train_step())  # noqa: E731
         try:
-            first_step_s[name] = timed(step, device, repeats=1, warmup=0)[0]
+            first_step_s[name] = toolkit.time_interleaved({name: step}, 1, 0, device)[name][0]
         except Exception as error:  # noqa: BLE001 - e.g. inductor without a C compiler; the others still run
             errors[f"{preset}/{name}"] = f"{type(error).__name__}: {error}"[:1000]
             continue
         systems[name] = (model, optimizer, step)
-    ms = interleaved_ms({name: step for name, (_, _, step) in systems.items()}, device, p["timed_steps"],
-                        p["warmup_steps"])
+    ms = toolkit.median_ms({name: step for name, (_, _, step) in systems.items()}, p["timed_steps"],
+                           p["warmup_steps"], device)
     counts = floors.token_counts(batch)
     tokens = sum(counts)
     # Model FLOPs of the batch's tokens, the same for every system (Marian computes the padding too).
@@ -311,7 +252,7 @@ def paper_batch_preset(device, preset, p, batch, peak_tflops, errors) -> dict:
             "step_ms": ms[name], "tokens_per_s": tokens / step_s, "model_tflops": flops / step_s / 1e12,
             "mfu": flops / step_s / 1e12 / peak_tflops if peak_tflops else None,
             "peak_memory_gib": step_peak_gib(step, model, optimizer, device), "compile_s": first_step_s[name],
-            "loss_finite": bool(torch.isfinite(torch.stack(losses[name])).all()),
+            "loss_finite": all(map(math.isfinite, losses[name])),
         }
 
     def ratio(other, system):  # other's time / system's time: > 1 when `system` is faster
@@ -322,9 +263,6 @@ def paper_batch_preset(device, preset, p, batch, peak_tflops, errors) -> dict:
     result["compiled_speed_vs_marian_compiled"] = ratio("marian_compiled", "ours_compiled")
     result["compiled_speed_vs_eager"] = ratio("ours_eager", "ours_compiled")
     result["eager_speed_vs_marian_eager"] = ratio("marian_eager", "ours_eager")
-    steps = sorted({PAPER_STEPS["base"], PAPER_STEPS.get(preset, PAPER_STEPS["base"])})
-    result["projected_hours"] = [
-        {"steps": n, "hours": n * ms["ours_compiled"] / 3.6e6 if "ours_compiled" in ms else None} for n in steps]
     return result
 
 
@@ -354,13 +292,20 @@ def paper_batch_training(device, s, peak_tflops, start_by) -> dict:
     import gc
 
     import torch
+    import torch.nn.functional as F
 
-    from . import floors
+    from . import floors, workloads
 
     p = s["paper"]
     # Real lengths average 3/4 of the width, so this many rows hold about `tokens` real tokens a side.
     rows = round(p["tokens"] / (0.75 * p["width"]))
-    batch = padded_batch(rows, p["width"], p["width"], p["vocab_size"], device, seed=4, full_width=True)
+    spec = spec_on(device, preset=p["presets"][0], vocab_size=p["vocab_size"], batch_size=rows,
+                   source_length=p["width"], target_length=p["width"], seed=3)
+    config = workloads.model_config(spec)
+    # Padded to the full width, as a collator padding to a multiple of it pads.
+    pads = {"input_ids": config.pad_token_id, "attention_mask": 0, "labels": -100}
+    batch = {name: F.pad(t, (0, p["width"] - t.shape[1]), value=pads[name])
+             for name, t in workloads.training_batch(spec, config).items()}
     source_tokens, target_tokens = floors.token_counts(batch)
     result = {"rows": rows, "width": p["width"], "vocab_size": p["vocab_size"], "source_tokens": source_tokens,
               "target_tokens": target_tokens, "compile_backend": p["compile_backend"] or "inductor",
@@ -389,95 +334,35 @@ def paper_batch_training(device, s, peak_tflops, start_by) -> dict:
 
 
 def beam_throughput(device, s) -> dict:
-    import torch
-
-    from .workloads import generate_fixed_length
-
-    reset_peak(device)
-    model = build_model(s["beam_preset"], s["vocab_size"], device, dtype=torch.bfloat16).eval()
-    batch = padded_batch(s["beam_batch"], s["beam_source_length"], 2, s["vocab_size"], device, seed=3)
-    output = {}
-
-    def decode():
-        with torch.inference_mode():
-            output["ids"] = generate_fixed_length(model, batch["input_ids"], batch["attention_mask"],
-                                                  s["beam_new_tokens"], num_beams=4)
-
-    times = timed(decode, device, s["beam_repeats"], warmup=1)
-    seconds = statistics.median(times)
-    new_tokens = s["beam_batch"] * s["beam_new_tokens"]
-    return {"preset": s["beam_preset"], "batch": s["beam_batch"], "num_beams": 4, "new_tokens": s["beam_new_tokens"],
-            "seconds": seconds, "tokens_per_s": new_tokens / seconds, "sentences_per_s": s["beam_batch"] / seconds,
-            "output_shape": list(output["ids"].shape), "peak_memory_gib": peak_gib(device)}
-
-
-def speed_vs_peers(device, s) -> dict:
-    """scripts/benchmarks/benchmark.py's comparisons on this device, fp32 and interleaved as there: ours vs MarianMTModel of
-    the same shape (training step, greedy and beam-4 decoding of a fixed length), and beam 4 against the
-    textbook decoder (no cache) as the output grows. Ratios are peer time / our time."""
+    """Beam 4 in bf16 weights through generate(), a fixed number of new tokens: tokens/s and peak memory."""
     import torch
 
     from . import workloads
 
-    p = s["peers"]
-    spec = workloads.BenchmarkSpec(
-        preset=p["preset"], vocab_size=p["vocab_size"], batch_size=p["train_batch"], source_length=p["length"],
-        target_length=p["length"], generation_batch_size=p["decode_batch"], new_tokens=p["new_tokens"],
-        curve_lengths=p["curve"], repeats=p["repeats"], threads=torch.get_num_threads())
-    models = {name: model.to(device) for name, model in workloads.build_models(spec).items()}
-    config = models["ours"].config
-    textbook = workloads.TextbookDecoder(models["ours"])
+    b = s["beam"]
+    spec = spec_on(device, preset=b["preset"], vocab_size=b["vocab_size"], source_length=b["source_length"],
+                   generation_batch_size=b["batch"], new_tokens=b["new_tokens"], num_beams=4)
+    reset_peak(device)
+    model = workloads.build_model(spec).to(torch.bfloat16).eval()
+    source = workloads.source_batch(spec, model.config, b["batch"], seed=3)
+    output = {}
 
-    def medians_ms(tasks, repeats, warmup=2):
-        return interleaved_ms(tasks, device, repeats, warmup)
+    def decode():
+        with torch.inference_mode():
+            output["ids"] = workloads.generate_fixed_length(model, **source, new_tokens=b["new_tokens"], num_beams=4)
 
-    batch = {k: v.to(device) for k, v in workloads.training_batch(spec, config).items()}
-    steps = {name: workloads.make_train_step(model, batch) for name, model in models.items()}
+    seconds = statistics.median(toolkit.time_interleaved({"beam": decode}, b["repeats"], 1, device)["beam"])
+    new_tokens = b["batch"] * b["new_tokens"]
+    return {"preset": b["preset"], "batch": b["batch"], "num_beams": 4, "new_tokens": b["new_tokens"],
+            "seconds": seconds, "tokens_per_s": new_tokens / seconds, "sentences_per_s": b["batch"] / seconds,
+            "output_shape": list(output["ids"].shape), "peak_memory_gib": peak_gib(device)}
 
-    train = medians_ms(steps, p["repeats"])
-    result = {"preset": p["preset"], "vocab_size": p["vocab_size"],
-              "train_ms": train, "train_speed_vs_marian": train["marian"] / train["ours"]}
-    source = {k: v.to(device) for k, v in workloads.source_batch(spec, config, p["decode_batch"]).items()}
-    outputs = {}
-    for workload, beams in (("greedy", 1), ("beam", 4)):
-        def ours_or_marian(name, b=beams):
-            outputs[name, b] = workloads.generate_fixed_length(models[name], **source, new_tokens=p["new_tokens"],
-                                                                  num_beams=b)
 
-        def textbook_run(b=beams):
-            outputs["textbook", b] = textbook.decode(**source, new_tokens=p["new_tokens"], num_beams=b)
+def benchmark(device, s) -> dict:
+    """`make bench`'s run (peers.run_benchmark) on this device, with the spec in the settings."""
+    from .peers import run_benchmark
 
-        ms = medians_ms({"ours": lambda: ours_or_marian("ours"), "marian": lambda: ours_or_marian("marian"),
-                         "textbook": textbook_run}, p["repeats"])
-        result[f"{workload}_ms"] = ms
-        result[f"{workload}_speed_vs_marian"] = ms["marian"] / ms["ours"]
-        result[f"{workload}_speed_vs_textbook"] = ms["textbook"] / ms["ours"]
-        # Same weights: the textbook decoder's tokens should be ours (GPU reductions may flip a near-tie).
-        result[f"{workload}_textbook_equals_ours"] = torch.equal(outputs["textbook", beams], outputs["ours", beams])
-    # A static cache: generate() then compiles each model's decoding step (CUDA graphs on a GPU).
-    static = {}
-    for name in ("ours", "marian"):
-        def decode_static(name=name):
-            static[name] = workloads.generate_fixed_length(models[name], **source, new_tokens=p["new_tokens"],
-                                                              cache_implementation="static")
-        static[name + " task"] = decode_static
-    ms = medians_ms({name: static.pop(name + " task") for name in ("ours", "marian")}, p["repeats"], warmup=2)
-    result["greedy_static_cache_ms"] = ms
-    result["greedy_static_cache_speed_vs_marian"] = ms["marian"] / ms["ours"]
-    result["greedy_static_cache_speed_vs_textbook"] = result["greedy_ms"]["textbook"] / ms["ours"]
-    result["greedy_static_cache_equals_dynamic"] = torch.equal(static["ours"], outputs["ours", 1])
-    curve = []
-    for length in p["curve"]:
-        ms = medians_ms({
-            "ours": lambda n=length: workloads.generate_fixed_length(models["ours"], **source, new_tokens=n,
-                                                                        num_beams=4),
-            "textbook": lambda n=length: textbook.beam(**source, new_tokens=n, num_beams=4),
-        }, max(1, p["repeats"] - 1), warmup=0)
-        curve.append({"new_tokens": length, "ours_ms": ms["ours"], "textbook_ms": ms["textbook"],
-                      "speedup": ms["textbook"] / ms["ours"]})
-    result["beam_vs_textbook"] = curve
-    del models, textbook
-    return result
+    return run_benchmark(spec_on(device, **s["benchmark"]), log=lambda message: print(f"    {message}", flush=True))
 
 
 def training_run(device, s, cpu_smoke: bool) -> dict:
@@ -534,24 +419,27 @@ def _times(ratio):
 
 
 def render_markdown(report: dict) -> str:
+    from .report import render_markdown as render_benchmark
+
     env = report.get("environment", {})
+    sections = {name: section["result"] for name, section in report["sections"].items() if section.get("result")}
     lines = [f"# vanilla_transformer device check ({'CPU smoke, numbers mean nothing' if report['cpu_smoke'] else env.get('gpu', '?')})",
              "", f"torch {env.get('torch')} (CUDA {env.get('cuda_build')}), transformers {env.get('transformers')}, "
              f"accelerate {env.get('accelerate')}; flash-attention packages: {env.get('flash_attention_packages') or 'none'}; "
              f"total {report['wall_s']:.0f} s", ""]
-    peak = report["sections"].get("matmul_peak", {}).get("result")
+    peak = sections.get("matmul_peak")
     if peak:
         lines += [f"bf16 matmul peak ({peak['size']}³): **{peak['best_tflops']:.0f} TFLOP/s** (best), "
                   f"{peak['median_tflops']:.0f} (median)", ""]
-    attention = report["sections"].get("attention_agreement", {}).get("result")
+    attention = sections.get("attention_agreement")
     if attention:
         lines += [f"## Attention agreement ({attention['preset']}; max |logit − fp32 eager logit|, logits up to "
-                  f"{attention['logit_scale']:.3g})", "", "| batch | implementation / dtype | max abs diff |", "| --- | --- | --- |"]
-        for kind in ("padded", "unpadded"):
-            for name, value in attention.get(kind, {}).items():
-                lines.append(f"| {kind} | {name} | {_fmt(value)} |")
+                  f"{attention['logit_scale']:.3g})", ""]
+        lines += markdown_table(["batch", "implementation / dtype", "max abs diff"],
+                                [[kind, name, _fmt(value)] for kind in ("padded", "unpadded")
+                                 for name, value in attention.get(kind, {}).items()])
         lines.append("")
-    paper = report["sections"].get("paper_batch_training", {}).get("result")
+    paper = sections.get("paper_batch_training")
     if paper:
         lines += [f"## bf16 training step at the paper's batch (autocast, fused AdamW, dropout on; compiled: "
                   f"torch.compile, {paper['compile_backend']})", "",
@@ -561,68 +449,46 @@ def render_markdown(report: dict) -> str:
                   f"peak GiB: one step as if alone; compile s: the first step, compilation included.", ""]
         for preset, r in paper["presets"].items():
             lines += [f"**{preset}** ({r['parameters'] / 1e6:.1f}M parameters, dropout {r['dropout']}, "
-                      f"{r['model_tflop_per_step']:.3g} model TFLOP a step)", "",
-                      "| system | step ms | tokens/s | TFLOP/s | MFU | peak GiB | compile s |",
-                      "| --- | --- | --- | --- | --- | --- | --- |"]
-            for name, m in r["systems"].items():
-                mfu = "–" if m["mfu"] is None else f"{100 * m['mfu']:.1f}%"
-                lines.append(f"| {name} | {m['step_ms']:.1f} | {m['tokens_per_s']:,.0f} | {m['model_tflops']:.1f} "
-                             f"| {mfu} | {_fmt(m['peak_memory_gib'])} | {m['compile_s']:.1f} |")
+                      f"{r['model_tflop_per_step']:.3g} model TFLOP a step)", ""]
+            lines += markdown_table(
+                ["system", "step ms", "tokens/s", "TFLOP/s", "MFU", "peak GiB", "compile s"],
+                [[name, f"{m['step_ms']:.1f}", f"{m['tokens_per_s']:,.0f}", f"{m['model_tflops']:.1f}",
+                  "–" if m["mfu"] is None else f"{100 * m['mfu']:.1f}%", _fmt(m["peak_memory_gib"]),
+                  f"{m['compile_s']:.1f}"] for name, m in r["systems"].items()])
             ratios = ", ".join(f"{label} {_times(r[key])}" for label, key in (
                 ("ours compiled vs Marian compiled", "compiled_speed_vs_marian_compiled"),
                 ("ours compiled vs ours eager", "compiled_speed_vs_eager"),
                 ("ours eager vs Marian eager", "eager_speed_vs_marian_eager")))
-            runs = ", ".join(f"{run['steps']:,} steps {_fmt(run['hours'])} h" for run in r["projected_hours"])
-            lines += ["", f"Speed-ups (the second system's time over the first's): {ratios}. "
-                      f"The paper's run at ours compiled: {runs}.", ""]
+            lines += ["", f"Speed-ups (the second system's time over the first's): {ratios}.", ""]
             profile = r.get("profile_ours_compiled")
             if profile:
-                lines += [f"Top kernels of one compiled step of ours ({profile['total_ms']:.1f} ms of device time):", "",
-                          "| kernel | ms | share | calls |", "| --- | --- | --- | --- |"]
-                lines += [f"| `{k['name'][:80]}` | {k['ms']:.2f} | {100 * k['share']:.1f}% | {k['calls']} |"
-                          for k in profile["kernels"]]
+                lines += [f"Top kernels of one compiled step of ours ({profile['total_ms']:.1f} ms of device time):", ""]
+                lines += markdown_table(["kernel", "ms", "share", "calls"],
+                                        [[f"`{k['name'][:80]}`", f"{k['ms']:.2f}", f"{100 * k['share']:.1f}%",
+                                          k["calls"]] for k in profile["kernels"]])
                 lines.append("")
         lines += [f"- error, {key}: {' '.join(error.split())[:300]}" for key, error in paper["errors"].items()]
         lines += [""] if paper["errors"] else []
-    beam = report["sections"].get("beam_search", {}).get("result")
+    beam = sections.get("beam_search")
     if beam:
-        lines += ["## Beam search (bf16 weights, fixed length)", "",
-                  "| preset | batch | beams | new tokens | s | tokens/s | sentences/s | peak GiB |",
-                  "| --- | --- | --- | --- | --- | --- | --- | --- |",
-                  f"| {beam['preset']} | {beam['batch']} | {beam['num_beams']} | {beam['new_tokens']} | {beam['seconds']:.3f} "
-                  f"| {beam['tokens_per_s']:,.0f} | {beam['sentences_per_s']:,.1f} | {_fmt(beam['peak_memory_gib'])} |", ""]
-    peers = report["sections"].get("speed_vs_peers", {}).get("result")
-    if peers:
-        lines += [f"## Speed vs MarianMTModel and the textbook decoder ({peers['preset']}, vocabulary "
-                  f"{peers['vocab_size']:,}, fp32; ratios: peer time / our time)", "",
-                  "| workload | ours ms | Marian ms | textbook ms | ours/Marian | ours/textbook |",
-                  "| --- | --- | --- | --- | --- | --- |",
-                  f"| training step | {peers['train_ms']['ours']:.1f} | {peers['train_ms']['marian']:.1f} | – "
-                  f"| {peers['train_speed_vs_marian']:.2f}x | – |"]
-        for workload in ("greedy", "beam"):
-            ms = peers[f"{workload}_ms"]
-            lines.append(f"| {workload} | {ms['ours']:.1f} | {ms['marian']:.1f} | {ms['textbook']:.1f} "
-                         f"| {peers[f'{workload}_speed_vs_marian']:.2f}x | {peers[f'{workload}_speed_vs_textbook']:.2f}x |")
-        if "greedy_static_cache_ms" in peers:
-            ms = peers["greedy_static_cache_ms"]
-            lines.append(f"| greedy, static cache (compiled) | {ms['ours']:.1f} | {ms['marian']:.1f} | – "
-                         f"| {peers['greedy_static_cache_speed_vs_marian']:.2f}x | – "
-                         f"| {peers['greedy_static_cache_speed_vs_textbook']:.2f}x |")
-        if "greedy_static_cache_equals_dynamic" in peers:
-            lines.append(f"Static-cache tokens equal the dynamic cache's: "
-                         f"{_fmt(peers['greedy_static_cache_equals_dynamic'])}.")
-        lines += ["", "Beam 4 vs the textbook decoder: " + ", ".join(
-            f"{c['new_tokens']} tokens {c['speedup']:.1f}x" for c in peers["beam_vs_textbook"])
-            + ". Textbook tokens equal ours: greedy "
-            f"{_fmt(peers['greedy_textbook_equals_ours'])}, beam {_fmt(peers['beam_textbook_equals_ours'])}.", ""]
-    run = report["sections"].get("training_run", {}).get("result")
+        lines += ["## Beam search (bf16 weights, fixed length)", ""]
+        lines += markdown_table(
+            ["preset", "batch", "beams", "new tokens", "s", "tokens/s", "sentences/s", "peak GiB"],
+            [[beam["preset"], beam["batch"], beam["num_beams"], beam["new_tokens"], f"{beam['seconds']:.3f}",
+              f"{beam['tokens_per_s']:,.0f}", f"{beam['sentences_per_s']:,.1f}", _fmt(beam["peak_memory_gib"])]])
+        lines.append("")
+    if "benchmark" in sections:  # the CPU benchmark's report, one heading level down
+        lines += ["#" + line if line.startswith("#") else line
+                  for line in render_benchmark(sections["benchmark"]).splitlines()] + [""]
+    run = sections.get("training_run")
     if run:
-        lines += ["## Training run (scripts/train.py --bf16, built-in task)", "",
-                  "| preset | steps | batch | first loss | last loss | falls | test BLEU | train s | wall s |",
-                  "| --- | --- | --- | --- | --- | --- | --- | --- | --- |",
-                  f"| {run['preset']} | {run['steps']} | {run['batch']} | {run['first_logged_loss']:.3f} | "
-                  f"{run['last_logged_loss']:.3f} | {_fmt(run['loss_falls'])} | {_fmt(run['test_bleu'])} | "
-                  f"{_fmt(run['train_runtime_s'])} | {run['wall_s']:.0f} |", ""]
+        lines += ["## Training run (scripts/train.py --bf16, built-in task)", ""]
+        lines += markdown_table(
+            ["preset", "steps", "batch", "first loss", "last loss", "falls", "test BLEU", "train s", "wall s"],
+            [[run["preset"], run["steps"], run["batch"], f"{run['first_logged_loss']:.3f}",
+              f"{run['last_logged_loss']:.3f}", _fmt(run["loss_falls"]), _fmt(run["test_bleu"]),
+              _fmt(run["train_runtime_s"]), f"{run['wall_s']:.0f}"]])
+        lines.append("")
     problems = {k: v for k, v in report["sections"].items() if not v.get("ok")}
     if problems:
         lines += ["## Problems", ""] + [f"- **{k}**: {v.get('error', 'failed')[:1000]}" for k, v in problems.items()] + [""]
@@ -704,7 +570,7 @@ def main(argv=None) -> int:
     if paper is not None and paper["failures"]:
         fail("paper_batch_training", "; ".join(paper["failures"]))
     section("beam_search", beam_throughput, device, settings)
-    section("speed_vs_peers", speed_vs_peers, device, settings)
+    section("benchmark", benchmark, device, settings)
     run = section("training_run", training_run, device, settings, args.cpu_smoke)
     if run is not None and not run["loss_falls"]:
         fail("training_run", f"loss did not fall: {run['first_logged_loss']:.3f} -> {run['last_logged_loss']:.3f}")

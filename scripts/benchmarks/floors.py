@@ -18,6 +18,13 @@ from transformers.cache_utils import EncoderDecoderCache
 
 from vanilla_transformer.modeling_vanilla_transformer import VanillaTransformerForConditionalGeneration
 
+from .toolkit import synchronize
+
+
+def _randn(shape, generator: torch.Generator, device: torch.device) -> torch.Tensor:
+    """Seeded on the CPU, then moved: the same numbers on every device."""
+    return torch.randn(shape, generator=generator).to(device)
+
 
 def token_counts(batch: dict) -> tuple[int, int]:
     """The source and target tokens of a training batch (its positions that are not padding): the useful work
@@ -96,8 +103,8 @@ class ProjectionFloor:
         widths = {m.in_features for m in (*self.encoder, *self.step)}
         generator = torch.Generator().manual_seed(0)
         source_tokens = batch_size * source_length if source_tokens is None else source_tokens
-        self.source = {w: torch.randn(source_tokens, w, generator=generator) for w in widths}
-        self.rows = {w: torch.randn(batch_size * num_beams, w, generator=generator) for w in widths}
+        self.source = {w: _randn((source_tokens, w), generator, model.device) for w in widths}
+        self.rows = {w: _randn((batch_size * num_beams, w), generator, model.device) for w in widths}
 
     @torch.no_grad()
     def __call__(self):
@@ -143,8 +150,9 @@ class AttentionFloor:
             F.scaled_dot_product_attention, EncoderDecoderCache.reorder_cache = sdpa, reorder
         generator = torch.Generator().manual_seed(0)
         shapes = {s for q, k, v, _, _ in self.calls for s in (q, k, v)} | {s for r in self.reorders for s in r}
-        self.tensors = {s: torch.randn(s, generator=generator) for s in shapes}
-        self.beam_idx = {s[0]: torch.randperm(s[0], generator=generator) for r in self.reorders for s in r}
+        self.tensors = {s: _randn(s, generator, model.device) for s in shapes}
+        self.beam_idx = {s[0]: torch.randperm(s[0], generator=generator).to(model.device)
+                         for r in self.reorders for s in r}
 
     @torch.no_grad()
     def __call__(self):
@@ -172,15 +180,15 @@ class TrainingFloor:
         decoder = [m for m in inner.modules() if isinstance(m, torch.nn.Linear)] + [model.lm_head]
         generator = torch.Generator().manual_seed(0)
         self.products = [
-            (layer, torch.randn(rows, layer.in_features, generator=generator),
-             torch.randn(rows, layer.out_features, generator=generator))
+            (layer, _randn((rows, layer.in_features), generator, model.device),
+             _randn((rows, layer.out_features), generator, model.device))
             for layer, rows in [(m, source_rows) for m in encoder]
             + [(m, source_rows if id(m) in source_kv else target_rows) for m in decoder]
         ]
         # The update runs on copies, so the model's own weights and optimizer state are untouched.
         params = [p.detach().clone() for p in {id(p): p for p in model.parameters() if p.requires_grad}.values()]
         for p in params:
-            p.grad = torch.randn(p.shape, generator=generator)
+            p.grad = _randn(p.shape, generator, p.device)
         self.optimizer = torch.optim.AdamW(params, lr=lr)
 
     @torch.no_grad()
@@ -196,16 +204,20 @@ class TrainingFloor:
 def generation_split(model: torch.nn.Module, run: Callable, repeats: int) -> dict[str, float]:
     """Seconds one `run()` of generate() spends inside the model (its encoder and every decoding step's forward)
     and outside it, in transformers' generation loop (logits processors, token choice, beam bookkeeping,
-    stopping checks); medians over `repeats` runs. A model made infinitely fast would still pay the loop."""
+    stopping checks); medians over `repeats` runs. A model made infinitely fast would still pay the loop. On a GPU
+    every forward is waited for, so that its kernels count as the model's time."""
     inside = [0.0]
+    device = model.device
 
     def timed(forward):
         @functools.wraps(forward)  # generate() inspects forward's signature
         def wrapper(*args, **kwargs):
+            synchronize(device)
             start = time.perf_counter()
             try:
                 return forward(*args, **kwargs)
             finally:
+                synchronize(device)
                 inside[0] += time.perf_counter() - start
         return wrapper
 
@@ -218,8 +230,10 @@ def generation_split(model: torch.nn.Module, run: Callable, repeats: int) -> dic
     try:
         for _ in range(repeats):
             inside[0] = 0.0
+            synchronize(device)
             start = time.perf_counter()
             run()
+            synchronize(device)
             totals.append(time.perf_counter() - start)
             models.append(inside[0])
     finally:

@@ -7,7 +7,7 @@ from pathlib import Path
 from .memory import MEMORY_RESOLUTION_MIB
 from .peers import NOISY_SPREAD
 from .workloads import SYSTEMS
-from .toolkit import write_report
+from .toolkit import markdown_table, write_report
 
 
 
@@ -29,7 +29,7 @@ def render_markdown(results: dict) -> str:
     lines = [
         f"# Benchmark: preset `{spec['preset']}` (vocabulary {spec['vocab_size']:,})",
         "",
-        f"{env['cpu']}, {env['torch_threads']} torch threads ({env['torch_interop_threads']} inter-op), "
+        f"{env.get('gpu') or env['cpu']}, {env['torch_threads']} torch threads ({env['torch_interop_threads']} inter-op), "
         f"torch {env['torch']}, transformers {env['transformers']}. Medians of {spec['repeats']} interleaved "
         f"repeats after {spec['warmup']} warm-up. Ratios are ours/peer in throughput (> 1: ours faster) and in "
         "memory (< 1: ours smaller).",
@@ -43,34 +43,28 @@ def render_markdown(results: dict) -> str:
         f"{results['parameters']['marian']['frozen']:,} frozen position-table entries and a "
         f"{results['parameters']['marian']['buffers']:,}-entry `final_logits_bias` buffer).",
         "",
-        "| workload | ours | Marian | textbook | ours/Marian | ours/textbook |",
-        "|---|---|---|---|---|---|",
     ]
     shape = train["shape"]
     s = train["systems"]
-    lines.append(
-        f"| training step (batch {shape['batch']}, source {shape['source']}, target {shape['target']} padded) "
-        f"| {_ms(s['ours']['median_s'])} ({s['ours']['throughput']:,.0f} tok/s) "
-        f"| {_ms(s['marian']['median_s'])} ({s['marian']['throughput']:,.0f} tok/s) | – "
-        f"| {_x(r.get('train_speed_vs_marian'))} | – |"
-    )
+    rows = [[f"training step (batch {shape['batch']}, source {shape['source']}, target {shape['target']} padded)",
+             f"{_ms(s['ours']['median_s'])} ({s['ours']['throughput']:,.0f} tok/s)",
+             f"{_ms(s['marian']['median_s'])} ({s['marian']['throughput']:,.0f} tok/s)", "–",
+             _x(r.get('train_speed_vs_marian')), "–"]]
     compiled = results.get("train_compiled")
     if compiled:
         c = compiled["systems"]
-        lines.append(
-            f"| training step, compiled (torch.compile, {compiled['backend']}; eager in the same run: ours "
-            f"{_ms(c['ours_eager']['median_s'])}, Marian {_ms(c['marian_eager']['median_s'])}) "
-            f"| {_ms(c['ours_compiled']['median_s'])} ({_x(compiled['compiled_speed_vs_eager']['ours'])} eager) "
-            f"| {_ms(c['marian_compiled']['median_s'])} ({_x(compiled['compiled_speed_vs_eager']['marian'])} eager) "
-            f"| – | {_x(compiled['compiled_speed_vs_marian_compiled'])} | – |")
+        rows.append([f"training step, compiled (torch.compile, {compiled['backend']}; eager in the same run: ours "
+                     f"{_ms(c['ours_eager']['median_s'])}, Marian {_ms(c['marian_eager']['median_s'])})",
+                     f"{_ms(c['ours_compiled']['median_s'])} ({_x(compiled['compiled_speed_vs_eager']['ours'])} eager)",
+                     f"{_ms(c['marian_compiled']['median_s'])} ({_x(compiled['compiled_speed_vs_eager']['marian'])} "
+                     "eager)", "–", _x(compiled['compiled_speed_vs_marian_compiled']), "–"])
     for workload, label in (("greedy", "greedy"), ("beam", f"beam-{results['beam']['num_beams']}")):
         w = results[workload]
         s = w["systems"]
-        cells = " | ".join(f"{_ms(s[n]['median_s'])} ({s[n]['throughput']:,.0f} tok/s)" for n in SYSTEMS)
-        lines.append(
-            f"| {label}, {w['new_tokens']} tokens x {w['batch']} sentences | {cells} "
-            f"| {_x(r.get(f'{workload}_speed_vs_marian'))} | {_x(r.get(f'{workload}_speed_vs_textbook'))} |"
-        )
+        rows.append([f"{label}, {w['new_tokens']} tokens x {w['batch']} sentences",
+                     *(f"{_ms(s[n]['median_s'])} ({s[n]['throughput']:,.0f} tok/s)" for n in SYSTEMS),
+                     _x(r.get(f'{workload}_speed_vs_marian')), _x(r.get(f'{workload}_speed_vs_textbook'))])
+    lines += markdown_table(["workload", "ours", "Marian", "textbook", "ours/Marian", "ours/textbook"], rows)
     spreads = {f"{w}/{n}": s["spread"] for w in ("train", "greedy", "beam") for n, s in results[w]["systems"].items()}
     noisy = {k: v for k, v in spreads.items() if v > NOISY_SPREAD}
     if noisy:
@@ -91,36 +85,30 @@ def render_markdown(results: dict) -> str:
         f"({results['matmul_peak']['size']}³, best of the run): {results['matmul_peak']['flops'] / 1e9:.1f} GFLOP/s; "
         f"MFU ours {train['systems']['ours']['mfu']:.1%}, Marian {train['systems']['marian']['mfu']:.1%}.",
     ]
-    if "flops_per_step_padded" in train:
-        lines += [
-            f"Model FLOPs count the batch's tokens. Both models also compute its padding "
-            f"({train['flops_per_step_padded'] / 1e9:.2f} GFLOP per step); counting the FLOPs each "
-            f"actually runs, the matmul units are busy {train['systems']['ours']['matmul_utilisation']:.1%} (ours) "
-            f"and {train['systems']['marian']['matmul_utilisation']:.1%} (Marian) of the peak."]
+    lines += [
+        f"Model FLOPs count the batch's tokens. Both models also compute its padding "
+        f"({train['flops_per_step_padded'] / 1e9:.2f} GFLOP per step); counting the FLOPs each "
+        f"actually runs, the matmul units are busy {train['systems']['ours']['matmul_utilisation']:.1%} (ours) "
+        f"and {train['systems']['marian']['matmul_utilisation']:.1%} (Marian) of the peak."]
     lines += [""]
     if "memory_mib" in results:
         mem = results["memory_mib"]
-        lines += ["## Peak memory (MiB above the resident set before the workload)", "",
-                  "| workload | ours | Marian | textbook | ours/Marian | ours/textbook |", "|---|---|---|---|---|---|"]
-        for workload in ("train", "greedy", "beam"):
-            cells = " | ".join(f"{mem[n][workload]:,.1f}" if workload in mem.get(n, {}) else "–" for n in SYSTEMS)
-            lines.append(f"| {workload} | {cells} | {_x(r.get(f'{workload}_memory_vs_marian'))} "
-                         f"| {_x(r.get(f'{workload}_memory_vs_textbook'))} |")
+        lines += ["## Peak memory (MiB above the resident set before the workload)", ""]
+        lines += markdown_table(["workload", "ours", "Marian", "textbook", "ours/Marian", "ours/textbook"], [
+            [workload, *(f"{mem[n][workload]:,.1f}" if workload in mem.get(n, {}) else "–" for n in SYSTEMS),
+             _x(r.get(f'{workload}_memory_vs_marian')), _x(r.get(f'{workload}_memory_vs_textbook'))]
+            for workload in ("train", "greedy", "beam")])
         lines += ["", f"Method: {results['memory_method']}. Peaks within {MEMORY_RESOLUTION_MIB:g} MiB are a tie "
                   "(Linux updates a process's resident count in per-thread batches of up to 256 KiB).", ""]
     curve = results["beam_curve"]
     lines += [f"## Beam-{curve['num_beams']} speedup over the textbook decoder ({curve['batch']} sentences, "
-              f"median of {curve['repeats']})", "",
-              "| output tokens | ours | textbook | speedup | projection floor | attention floor | generate() loop "
-              "| ceiling (projections alone) | ceiling (floors + loop) | FLOP ratio |",
-              "|---|---|---|---|---|---|---|---|---|---|"]
-    for p in curve["points"]:
-        loop = _ms(p["generate_loop_s"]) if "generate_loop_s" in p else "–"
-        attention = _ms(p["attention_floor_s"]) if "attention_floor_s" in p else "–"
-        through = f"{p['ceiling_through_generate']:.1f}x" if "ceiling_through_generate" in p else "–"
-        lines.append(f"| {p['new_tokens']} | {_ms(p['ours_s'])} | {_ms(p['textbook_s'])} | {p['speedup']:.1f}x "
-                     f"| {_ms(p['projection_floor_s'])} | {attention} | {loop} | {p['ceiling']:.1f}x | {through} "
-                     f"| {p['flop_ratio']:.1f}x |")
+              f"median of {curve['repeats']})", ""]
+    lines += markdown_table(
+        ["output tokens", "ours", "textbook", "speedup", "projection floor", "attention floor", "generate() loop",
+         "ceiling (projections alone)", "ceiling (floors + loop)", "FLOP ratio"],
+        [[p["new_tokens"], _ms(p["ours_s"]), _ms(p["textbook_s"]), f"{p['speedup']:.1f}x",
+          _ms(p["projection_floor_s"]), _ms(p["attention_floor_s"]), _ms(p["generate_loop_s"]), f"{p['ceiling']:.1f}x",
+          f"{p['ceiling_through_generate']:.1f}x", f"{p['flop_ratio']:.1f}x"] for p in curve["points"]])
     floors = {w: results[w]["projection_floor"]["median_s"] for w in ("greedy", "beam")}
     lines += ["",
               f"Projection floor: the cached decoding's matmuls alone, back to back at the same shapes with the same "
@@ -131,38 +119,33 @@ def render_markdown(results: dict) -> str:
               "speedup stays far below it because one position per step makes small matmuls, which run at a "
               "fraction of the speed of the textbook decoder's large ones.",
               ]
-    if all("attention_floor" in results[w] for w in ("greedy", "beam")):
-        attention = {w: results[w]["attention_floor"]["median_s"] for w in ("greedy", "beam")}
-        lines += ["",
-                  "Attention floor: the decoding's attention alone, every scaled-dot-product-attention call of one "
-                  "run of ours replayed at the same shapes and masks, plus, in beam search, the reordering of the "
-                  f"self- and cross-attention caches between steps (`AttentionFloor`): greedy {_ms(attention['greedy'])}, beam "
-                  f"{_ms(attention['beam'])}. A cached decoder cannot skip these either."]
-    if all("generation_split" in results[w] for w in ("greedy", "beam")):
-        def split(workload):
-            parts = results[workload]["generation_split"]
-            return ", ".join(f"{name} {_ms(v['loop_s'])} of {_ms(v['total_s'])}" for name, v in parts.items())
-        lines += ["",
-                  "generate() loop: the time transformers' generation loop spends outside the model (logits "
-                  "processors, token choice, beam bookkeeping), which a model decoding through generate() pays "
-                  f"however fast it is (`generation_split`, median of up to 3 runs): greedy {split('greedy')}; beam "
-                  f"{split('beam')}. With it, the decoding ceilings tighten to the peer's time over the floors + loop "
-                  "(the smaller loop of the two systems).",
-                  ]
+    attention = {w: results[w]["attention_floor"]["median_s"] for w in ("greedy", "beam")}
+    lines += ["",
+              "Attention floor: the decoding's attention alone, every scaled-dot-product-attention call of one "
+              "run of ours replayed at the same shapes and masks, plus, in beam search, the reordering of the "
+              f"self- and cross-attention caches between steps (`AttentionFloor`): greedy {_ms(attention['greedy'])}, beam "
+              f"{_ms(attention['beam'])}. A cached decoder cannot skip these either."]
+
+    def split(workload):
+        parts = results[workload]["generation_split"]
+        return ", ".join(f"{name} {_ms(v['loop_s'])} of {_ms(v['total_s'])}" for name, v in parts.items())
+    lines += ["",
+              "generate() loop: the time transformers' generation loop spends outside the model (logits "
+              "processors, token choice, beam bookkeeping), which a model decoding through generate() pays "
+              f"however fast it is (`generation_split`, median of up to 3 runs): greedy {split('greedy')}; beam "
+              f"{split('beam')}. With it, the decoding ceilings tighten to the peer's time over the floors + loop "
+              "(the smaller loop of the two systems).",
+              ]
     lines += ["", "## Verdicts", "",
               "Ours is called faster or slower only where the median, the fastest repeats and the paired quartiles "
-              "agree; otherwise level.", "",
-              "| ratio | measured | ceiling on this machine | ours is |", "|---|---|---|---|"]
-    for name, v in results["verdicts"].items():
-        lines.append(f"| {name} | {_x(v['value'])} | {_x(v.get('ceiling'))} | {v['verdict']} |")
-    if "floor" in train:
-        lines += ["", "Ceilings: training, Marian's step time over the training floor (`TrainingFloor`: the step's "
-                      "matmuls forward and backward on the batch's tokens, back to back, plus the AdamW update; "
-                      f"{_ms(train['floor']['median_s'])}); decoding, the peer's time over the projection floor plus "
-                      "the attention floor (where measured) plus generate()'s loop."]
-    else:
-        lines += ["", "Ceilings: training, Marian's step time if ours ran at the measured matmul peak (1 / Marian's "
-                      "MFU); decoding, the peer's time over the projection floor."]
+              "agree; otherwise level.", ""]
+    lines += markdown_table(["ratio", "measured", "ceiling on this machine", "ours is"],
+                            [[name, _x(v["value"]), _x(v.get("ceiling")), v["verdict"]]
+                             for name, v in results["verdicts"].items()])
+    lines += ["", "Ceilings: training, Marian's step time over the training floor (`TrainingFloor`: the step's "
+                  "matmuls forward and backward on the batch's tokens, back to back, plus the AdamW update; "
+                  f"{_ms(train['floor']['median_s'])}); decoding, the peer's time over the projection floor plus "
+                  "the attention floor plus generate()'s loop."]
     checks = results["checks"]
     lines += ["", f"Checks: textbook greedy output equals ours: {checks['textbook_greedy_equals_ours']}; "
                   f"textbook beam output equals ours: {checks['textbook_beam_equals_ours']}.", ""]

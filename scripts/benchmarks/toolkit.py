@@ -1,5 +1,5 @@
-"""What every measurement here shares: one timer, one matmul peak, one environment report, one report writer,
-and the Multi30k data that the quality and batching runs read.
+"""What every measurement here shares: one timer, one matmul peak, one environment report, one table and one
+report writer, and the Multi30k data that the quality and batching runs read.
 
 The scripts beside this file import it by name (`import toolkit`): Python puts a script's own folder first on
 its path, and the tests add this folder to theirs.
@@ -18,7 +18,6 @@ from pathlib import Path
 
 import torch
 import transformers
-
 
 
 def synchronize(device: torch.device | str | None) -> None:
@@ -92,6 +91,18 @@ def environment(device: torch.device | str | None = None) -> dict:
                     gpu_memory_gib=props.total_memory / 2**30, multiprocessors=props.multi_processor_count,
                     bf16_supported=torch.cuda.is_bf16_supported())
     return info
+
+
+def markdown_table(header: list[str], rows: list[list]) -> list[str]:
+    """A markdown table's lines. Cells are written with str(); a `|` inside a cell (as in `|Y|^alpha`) is escaped,
+    so that it cannot split the cell."""
+    def line(cells):
+        return "| " + " | ".join(str(cell).replace("|", "\\|") for cell in cells) + " |"
+
+    for row in rows:
+        if len(row) != len(header):
+            raise ValueError(f"a table row has {len(row)} cells for {len(header)} columns: {row!r}")
+    return [line(header), "|" + "---|" * len(header), *(line(row) for row in rows)]
 
 
 def write_report(stem: str | Path, results: dict, markdown: str) -> dict[str, Path]:

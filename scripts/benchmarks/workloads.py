@@ -26,9 +26,10 @@ SYSTEMS = ("ours", "marian", "textbook")
 
 @dataclasses.dataclass
 class BenchmarkSpec:
-    """What to measure. `quick()` is a seconds-long run that checks the plumbing, not the speed."""
+    """What to measure, and where. `quick()` is a seconds-long run that checks the plumbing, not the speed."""
 
     preset: str = "small"
+    device: str = "cpu"  # e.g. "cuda:0": models, batches and floors live there, and each timed call is waited for
     vocab_size: int | None = None  # None: DEFAULT_VOCAB[preset]
     batch_size: int = 32  # training batch
     source_length: int = 32  # longest source; lengths are drawn from [source_length // 2, source_length]
@@ -43,7 +44,7 @@ class BenchmarkSpec:
     warmup: int = 1
     threads: int | None = None  # None: every core this process may run on
     matmul_size: int = 2048
-    memory: bool = True
+    memory: bool = True  # peak resident memory of CPU subprocesses: on the CPU only
     # The training step under torch.compile too (what Trainer --torch_compile runs); quick mode uses aot_eager,
     # since inductor's C++ code generation takes a minute per model on a small CPU.
     compile_backend: str | None = "inductor"
@@ -61,6 +62,13 @@ class BenchmarkSpec:
     def __post_init__(self):
         if self.preset not in PRESETS:
             raise ValueError(f"Unknown preset {self.preset!r}; choose one of {sorted(PRESETS)}.")
+        try:
+            device = torch.device(self.device)
+        except (RuntimeError, TypeError) as error:
+            raise ValueError(f"`device` {self.device!r} is not a torch device: {error}") from None
+        if self.memory and device.type != "cpu":
+            raise ValueError(f"`memory` measures the resident memory of CPU processes; with device {self.device!r} "
+                             "pass memory=False.")
         self.curve_lengths = tuple(self.curve_lengths)
         if self.vocab_size is None:
             self.vocab_size = DEFAULT_VOCAB[self.preset]
@@ -95,17 +103,26 @@ def max_positions(spec: BenchmarkSpec) -> int:
     return 1 << (longest - 1).bit_length()  # Marian keeps a table of this many positions
 
 
-def build_models(spec: BenchmarkSpec) -> dict[str, torch.nn.Module]:
-    """Ours and Marian, both with SDPA attention; the textbook decoder borrows ours."""
+def build_model(spec: BenchmarkSpec, system: str = "ours", attn_implementation: str = "sdpa") -> torch.nn.Module:
+    """Ours or Marian ("marian", the same shape) on the spec's device, seeded with the spec's seed."""
     config = model_config(spec)
     torch.manual_seed(spec.seed)
-    ours = VanillaTransformerForConditionalGeneration._from_config(config, attn_implementation="sdpa")
-    torch.manual_seed(spec.seed)
-    marian = MarianMTModel._from_config(marian_config_like(config, max_positions(spec)), attn_implementation="sdpa")
-    for name, model in (("ours", ours), ("marian", marian)):
-        if model.config._attn_implementation != "sdpa":
-            raise RuntimeError(f"{name} runs {model.config._attn_implementation!r} attention, not 'sdpa'.")
-    return {"ours": ours, "marian": marian}
+    if system == "ours":
+        model = VanillaTransformerForConditionalGeneration._from_config(config, attn_implementation=attn_implementation)
+    elif system == "marian":
+        model = MarianMTModel._from_config(marian_config_like(config, max_positions(spec)),
+                                           attn_implementation=attn_implementation)
+    else:
+        raise ValueError(f"`system` must be 'ours' or 'marian', got {system!r}.")
+    if model.config._attn_implementation != attn_implementation:
+        raise RuntimeError(f"{system} runs {model.config._attn_implementation!r} attention, not "
+                           f"{attn_implementation!r}.")
+    return model.to(spec.device)
+
+
+def build_models(spec: BenchmarkSpec) -> dict[str, torch.nn.Module]:
+    """Ours and Marian, both with SDPA attention; the textbook decoder borrows ours."""
+    return {system: build_model(spec, system) for system in ("ours", "marian")}
 
 
 def parameter_counts(model: torch.nn.Module) -> dict[str, int]:
@@ -139,24 +156,26 @@ def training_batch(spec: BenchmarkSpec, config: VanillaTransformerConfig, seed: 
                                            config.pad_token_id)
     labels, label_mask = padded_ids(spec.batch_size, spec.target_length, config.vocab_size, generator)
     labels = labels.masked_fill(label_mask == 0, -100)
-    return {"input_ids": input_ids, "attention_mask": attention_mask, "labels": labels}
+    batch = {"input_ids": input_ids, "attention_mask": attention_mask, "labels": labels}
+    return {name: tensor.to(spec.device) for name, tensor in batch.items()}
 
 
 def source_batch(spec: BenchmarkSpec, config: VanillaTransformerConfig, batch: int, seed: int | None = None) -> dict:
     generator = torch.Generator().manual_seed(spec.seed + 2 if seed is None else seed)
     input_ids, attention_mask = padded_ids(batch, spec.source_length, config.vocab_size, generator,
                                            config.pad_token_id)
-    return {"input_ids": input_ids, "attention_mask": attention_mask}
+    return {"input_ids": input_ids.to(spec.device), "attention_mask": attention_mask.to(spec.device)}
 
 
 # Workloads ----------------------------------------------------------------------------------------------------
 
-def make_train_step(model: torch.nn.Module, batch: dict, lr: float = 1e-4,
-                    autocast: torch.dtype | None = None) -> Callable[[], float]:
+def make_train_step(model: torch.nn.Module, batch: dict, lr: float = 1e-4, autocast: torch.dtype | None = None,
+                    optimizer: torch.optim.Optimizer | None = None) -> Callable[[], float]:
     """One optimizer step as a training loop runs it, dropout on: zero the gradients, forward with labels
-    (each model's own loss: ours is label-smoothed, Marian's plain cross-entropy), backward, AdamW. With
-    `autocast` (torch.bfloat16) the forward runs under autocast on the batch's device, as Trainer's --bf16 does."""
-    optimizer = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=lr)
+    (each model's own loss: ours is label-smoothed, Marian's plain cross-entropy), backward, the optimizer (AdamW
+    at `lr` unless one is given; `step.optimizer`). With `autocast` (torch.bfloat16) the forward runs under
+    autocast on the batch's device, as Trainer's --bf16 does. The step returns its loss."""
+    optimizer = optimizer or torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=lr)
     device_type = next(iter(batch.values())).device.type
 
     def step() -> float:
@@ -168,6 +187,7 @@ def make_train_step(model: torch.nn.Module, batch: dict, lr: float = 1e-4,
         optimizer.step()
         return loss.item()
 
+    step.optimizer = optimizer
     return step
 
 
