@@ -390,3 +390,13 @@ def test_the_parity_run_refuses_settings_it_could_not_honour_before_preparing_an
     with pytest.raises(ValueError, match=message):
         run_parity(settings)
     assert not (tmp_path / "work").exists()
+
+
+def test_every_report_table_keeps_its_columns_when_a_cell_holds_a_bar():
+    from scripts.benchmarks.toolkit import markdown_table
+
+    lines = markdown_table(["system", "identical"], [["ctranslate2, beam with |Y|^alpha", "98.5%"]])
+    assert lines == ["| system | identical |", "|---|---|", "| ctranslate2, beam with \\|Y\\|^alpha | 98.5% |"]
+    assert all(len(re.split(r"(?<!\\)\|", line)) == 4 for line in lines)  # two cells between three bars
+    with pytest.raises(ValueError, match=r"a table row has 1 cells for 2 columns: \['alone'\]"):
+        markdown_table(["system", "identical"], [["alone"]])

@@ -120,7 +120,8 @@ def test_the_recipe_never_writes_into_a_finished_run_and_names_the_flags_it_refu
 
 @pytest.mark.parametrize("flags, message", [
     (["--scale", "tiny", "--data_dir", "somewhere"], "--data_dir somewhere is for --scale paper"),
-    (["--cost_table", "--step_times", "no_such_report.json"], "--step_times no_such_report.json: no such file"),
+    (["--cost_table", "--step_times", "no_such_report.json"], "got no_such_report.json: no such file"),
+    (["--cost_table"], "--cost_table needs --step_times REPORT"),
     (["--model", "huge"], "--model: invalid choice: 'huge'"),
 ])
 def test_the_recipes_own_flags_are_refused_by_name(flags, message, capsys, tmp_path):
@@ -132,21 +133,23 @@ def test_the_recipes_own_flags_are_refused_by_name(flags, message, capsys, tmp_p
 
 
 def test_the_cost_table_projects_the_measured_step_to_the_papers_runs(capsys, tmp_path):
-    namespace = recipe(Path("/nonexistent"))
-    report = {"environment": {"gpu": "NVIDIA H200"}, "sections": {
-        "paper_batch_training": {"result": {"presets": {"base": {"systems": {"ours_compiled": {"step_ms": 50.0}}}},
-                                            "source_tokens": 25_000, "target_tokens": 25_000}},
-        "train_step_big": {"result": {"source_tokens": 10_000, "target_tokens": 15_000, "step_ms": 100.0}}}}
-    measured = namespace["measured_step_seconds"](report)
-    assert measured["base"]["step_s"] == pytest.approx(0.05)
-    assert measured["big"]["step_s"] == pytest.approx(0.2)  # 25k real tokens measured, 50k wanted: twice the time
-    table = namespace["cost_table"](report, Path("/tmp/report.json"))
-    assert "| base | 100,000 | 50 ms | 1.4 h | 0.17 h | 1 min | 1.4 |" in table
-    assert "| big | 300,000 | 200 ms | 16.7 h | 2.08 h | 16 min | 16.7 |" in table
+    from scripts.benchmarks.cost_model import cost_table, measured_step_seconds
+
+    report = {"environment": {"gpu": "NVIDIA H200"}, "sections": {"paper_batch_training": {"result": {
+        "source_tokens": 10_000, "target_tokens": 15_000, "presets": {
+            "base": {"systems": {"ours_eager": {"step_ms": 80.0}, "ours_compiled": {"step_ms": 25.0}}},
+            "big": {"systems": {"ours_eager": {"step_ms": 100.0}}}}}}}}  # big's compile failed: its eager step
+    measured = measured_step_seconds(report)
+    assert measured["base"] == {"step_s": pytest.approx(0.05), "how": "compiled bf16 step at the paper batch"}
+    assert measured["big"] == {"step_s": pytest.approx(0.2), "how": "eager bf16 step at the paper batch"}  # 25k of 50k
+    table = cost_table(report, Path("/tmp/report.json"))
+    assert "| base | 100,000 | 50 ms | 1.4 h | 0.17 h | 1 min | 1.4 | 12 h = 96 GPU-hours |" in table
+    assert "| big | 300,000 | 200 ms | 16.7 h | 2.08 h | 16 min | 16.7 | 84 h = 672 GPU-hours |" in table
+    assert "nothing to project" in cost_table({"sections": {}}, Path("old.json"))
     (tmp_path / "report.json").write_text(json.dumps(report))
-    namespace["main"](["--cost_table", "--step_times", str(tmp_path / "report.json")])  # the same, from the command
-    printed = capsys.readouterr().out
-    assert "| base | 100,000 | 50 ms | 1.4 h |" in printed and "96 GPU-hours" in printed
+    recipe(Path("/nonexistent"))["main"](["--cost_table", "--step_times", str(tmp_path / "report.json")])
+    printed = capsys.readouterr().out.strip()  # the same, from the recipe's command line
+    assert printed == cost_table(report, tmp_path / "report.json") and str(tmp_path / "report.json") in printed
 
 
 # scripts/recipes/multi30k_en_de.py in miniature ---------------------------------------------------------------

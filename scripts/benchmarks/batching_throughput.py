@@ -13,7 +13,7 @@ from collections.abc import Sequence
 
 import numpy as np
 import torch
-from .toolkit import load_multi30k, multi30k_missing, shared_tokenizer_for, write_report
+from .toolkit import load_multi30k, markdown_table, multi30k_missing, shared_tokenizer_for, write_report
 from transformers import DataCollatorForSeq2Seq, set_seed
 
 from vanilla_transformer.data.batching import TokenBucketBatchSampler, example_lengths
@@ -104,10 +104,12 @@ def benchmark_multi30k(data_dir, max_tokens: int = 2000, steps: int = 30, warmup
 
 def write_benchmark(results: dict, output_prefix, command: str) -> None:
     m, e = results["measured"], results["epoch_padding"]
-    rows = "\n".join(
-        f"| {name} | {m[name]['sentences'] / m[name]['steps']:.1f} | {e[name]['efficiency']:.1%} | "
-        f"{m[name]['real_tokens'] / m[name]['padded_tokens']:.1%} | {m[name]['seconds_per_step']:.2f} | "
-        f"{m[name]['real_tokens_per_second']:,.0f} |" for name in m)
+    rows = "\n".join(markdown_table(
+        ["batching", "sentences / step", "real / padded tokens (epoch)", "real / padded (measured)", "s / step",
+         "real tokens / s"],
+        [[name, f"{m[name]['sentences'] / m[name]['steps']:.1f}", f"{e[name]['efficiency']:.1%}",
+          f"{m[name]['real_tokens'] / m[name]['padded_tokens']:.1%}", f"{m[name]['seconds_per_step']:.2f}",
+          f"{m[name]['real_tokens_per_second']:,.0f}"] for name in m]))
     write_report(output_prefix, {"command": command, **results}, f"""# Token-based batching on Multi30k en→de: throughput
 
 `{command}`
@@ -118,8 +120,6 @@ sentences × max(longest source, longest target). Random: shuffled fixed-size ba
 {results['random_batch_size']} sentences, the token buckets' mean over the epoch. {results['steps']} measured steps
 of each after {results['warmup']} warm-up steps, interleaved one by one so machine load hits both alike.
 
-| batching | sentences / step | real / padded tokens (epoch) | real / padded (measured) | s / step | real tokens / s |
-|---|---|---|---|---|---|
 {rows}
 
 **Real tokens per second, token buckets ÷ random: {results['speedup_real_tokens_per_second']:.2f}×.**

@@ -16,6 +16,7 @@ from transformers import AutoModelForSeq2SeqLM, AutoTokenizer  # noqa: E402
 
 from vanilla_transformer.data.corpora import load_parallel_text_files  # noqa: E402
 from vanilla_transformer.training import DataArguments, evaluate_bleu, load_raw_splits  # noqa: E402
+from .toolkit import markdown_table  # noqa: E402
 
 
 def main(argv=None):
@@ -43,9 +44,9 @@ def main(argv=None):
         words = sum(len(h.split()) for h in hypotheses) / len(hypotheses)
         rows.append((penalty, scores["bleu"], scores["chrf"], words))
     changed = sum(a != b for a, b in zip(outputs["gnmt"], outputs["hf"]))
-    print("| length penalty | BLEU | chrF | words per output |\n|---|---|---|---|")
-    for penalty, bleu, chrf, words in rows:
-        print(f"| {penalty} | {bleu:.2f} | {chrf:.2f} | {words:.2f} |")
+    print("\n".join(markdown_table(["length penalty", "BLEU", "chrF", "words per output"],
+                                   [[penalty, f"{bleu:.2f}", f"{chrf:.2f}", f"{words:.2f}"]
+                                    for penalty, bleu, chrf, words in rows])))
     print(f"\n{changed} of {len(sentences)} translations differ between the two scorings.")
     print(json.dumps({"rows": rows, "changed": changed, "sentences": len(sentences), "signature": scores["bleu_signature"]}))
 

@@ -16,7 +16,7 @@ import torch
 
 from vanilla_transformer.training.arguments import native_bf16
 
-from .toolkit import environment, time_interleaved, write_report
+from .toolkit import environment, markdown_table, time_interleaved, write_report
 from .workloads import BenchmarkSpec, build_models, make_train_step, training_batch
 
 
@@ -77,11 +77,11 @@ def main(argv=None) -> dict:
              f"{spec.repeats} interleaved steps, dropout {args.dropout:g}, attention dropout {args.attention_dropout:g}, "
              f"activation dropout {args.activation_dropout:g} unless a row says otherwise. Native bf16 matrix "
              f"multiply: {'yes' if results['native_bf16'] else 'no'}.",
-             "", "| system | step | target tokens / s | vs ours fp32 |", "| --- | --- | --- | --- |"]
+             ""]
     base = rows["ours fp32"]["step_s"]
-    for name, row in rows.items():
-        lines.append(f"| {name} | {row['step_s'] * 1e3:,.0f} ms | {row['target_tokens_per_s']:,.0f} | "
-                     f"{base / row['step_s']:.2f}x |")
+    lines += markdown_table(["system", "step", "target tokens / s", "vs ours fp32"],
+                            [[name, f"{row['step_s'] * 1e3:,.0f} ms", f"{row['target_tokens_per_s']:,.0f}",
+                              f"{base / row['step_s']:.2f}x"] for name, row in rows.items()])
     lines += ["", f"A {args.matmul_size}³ matmul: float32 {matmul['fp32_ms']:.1f} ms, bf16 {matmul['bf16_ms']:.1f} ms "
                   f"({matmul['fp32_ms'] / matmul['bf16_ms']:.2f}x).", ""]
     paths = write_report(f"{args.output_dir}/cpu_precision", results, "\n".join(lines))

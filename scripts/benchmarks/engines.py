@@ -40,7 +40,7 @@ from vanilla_transformer.tools.onnx import OnnxTranslator, export_onnx  # noqa: 
 from vanilla_transformer.tools.translation import GenerateTranslator  # noqa: E402
 from vanilla_transformer.training.metrics import corpus_scores  # noqa: E402
 
-from .toolkit import environment, load_multi30k, multi30k_missing, time_interleaved, write_report  # noqa: E402
+from .toolkit import environment, load_multi30k, markdown_table, multi30k_missing, time_interleaved, write_report  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[2]
 CLIENT = ROOT / "scripts" / "transformers_js"
@@ -240,27 +240,26 @@ def render(results, command):
     lines = ["# Engines: generate(), onnxruntime, CTranslate2, transformers.js", "", f"`{command}`", "",
              f"{env['cpu']}, torch {env['torch']}.", "",
              f"## Speed: {s['sentences']} {s['model']} sentences in batches of {s['batch_size']}, {s['threads']} threads, "
-             "each system to its own end", "",
-             "| decoding | system | ms | sentences/s | vs generate() |", "|---|---|---|---|---|"]
-    for label, systems in s["rows"].items():
-        lines += [f"| {label} | {name} | {r['ms']:.0f} | {r['sentences_per_s']:.1f} | {r['speed_vs_generate']:.2f}x |"
-                  for name, r in systems.items()]
+             "each system to its own end", ""]
+    lines += markdown_table(["decoding", "system", "ms", "sentences/s", "vs generate()"],
+                            [[label, name, f"{r['ms']:.0f}", f"{r['sentences_per_s']:.1f}",
+                              f"{r['speed_vs_generate']:.2f}x"]
+                             for label, systems in s["rows"].items() for name, r in systems.items()])
     lines.append("")
     for name, r in results["models"].items():
         lines += [f"## {name}: {r['sentences']} sentences", "",
                   f"Exports (ONNX float32 and int8, CTranslate2 float32 and int8, each verified): "
                   f"{r['export_seconds']:.0f} s. The float32 exports' outputs are generate()'s on these shares of the "
-                  f"sentences (saved beam: {r['num_beams_as_saved']}):", "",
-                  "| export, decoding | identical to generate() |", "|---|---|"]
-        lines += [f"| {what} | {rate:.1%} |" for what, rate in r["identity"].items()]
-        lines += ["", "| system, decoding | BLEU |", "|---|---|"]
-        lines += [f"| {system} | {bleu:.2f} |" for system, bleu in r["bleu"].items()]
-        lines += ["", "| file | MB |", "|---|---|"]
-        lines += [f"| {file} | {size / 1e6:.2f} |" for file, size in r["files"].items()]
+                  f"sentences (saved beam: {r['num_beams_as_saved']}):", ""]
+        lines += markdown_table(["export, decoding", "identical to generate()"],
+                                [[what, f"{rate:.1%}"] for what, rate in r["identity"].items()])
+        lines += [""] + markdown_table(["system, decoding", "BLEU"],
+                                       [[system, f"{bleu:.2f}"] for system, bleu in r["bleu"].items()])
+        lines += [""] + markdown_table(["file", "MB"], [[file, f"{size / 1e6:.2f}"] for file, size in r["files"].items()])
         if r["differences"]:
-            lines += ["", "Where the ONNX float32 export's beam output differs (first 10):", "",
-                      "| source | ours | onnx |", "|---|---|---|"]
-            lines += [f"| {d['source']} | {d['ours']} | {d['onnx']} |" for d in r["differences"]]
+            lines += ["", "Where the ONNX float32 export's beam output differs (first 10):", ""]
+            lines += markdown_table(["source", "ours", "onnx"],
+                                    [[d["source"], d["ours"], d["onnx"]] for d in r["differences"]])
         lines.append("")
     for js in results.get("transformers.js", []):
         lines += [f"transformers.js 4.3.2 in Node ({js['dtype']}), {js['sentences']} built-in test sentences, greedy: "
@@ -273,8 +272,9 @@ def render(results, command):
         else:
             lines += [f"## In the browser: {b['browser']}, headless", "",
                       f"transformers.js with onnxruntime-web (WebAssembly), served from localhost, in {b['seconds']:.0f} s "
-                      f"(page load to the last translation):", "", "| English | German (in the browser) |", "|---|---|"]
-            lines += [f"| {s} | {t} |" for s, t in zip(b.get("sources", []), b.get("translations", []))]
+                      f"(page load to the last translation):", ""]
+            lines += markdown_table(["English", "German (in the browser)"],
+                                    [[s, t] for s, t in zip(b.get("sources", []), b.get("translations", []))])
             lines += ["", f"![the page in headless Chromium]({Path(b['screenshot']).name})", ""]
     return "\n".join(lines) + "\n"
 

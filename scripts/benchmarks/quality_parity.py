@@ -44,7 +44,7 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")  # everything here is built locally
 
 import torch  # noqa: E402
 from datasets import DatasetDict, load_from_disk  # noqa: E402
-from .toolkit import load_multi30k, multi30k_missing, shared_tokenizer_for, write_report  # noqa: E402
+from .toolkit import load_multi30k, markdown_table, multi30k_missing, shared_tokenizer_for, write_report  # noqa: E402
 from transformers import (  # noqa: E402
     AutoTokenizer,
     DataCollatorForSeq2Seq,
@@ -336,11 +336,12 @@ def plot_parity(results: dict, path) -> Path:
 
 def render_report(results: dict, command: str, plot_name: str) -> str:
     s, runs = results["settings"], results["runs"]
-    rows = "\n".join(
-        f"| {kind} | {run['model']} | {run['parameters']:,} | {run['steps']} | {run['epochs']:.2f} | "
-        f"{run['train_loss']:.3f} | {_last_eval_loss(run):.3f} | **{run['bleu']:.2f}** | {run['chrf']:.2f} | "
-        f"{run['train_seconds'] / 60:.1f} | {run['decode_seconds'] / 60:.1f} |"
-        for kind, run in runs.items())
+    rows = "\n".join(markdown_table(
+        ["run", "class", "parameters", "steps", "epochs", "train loss", "last val loss", "BLEU", "chrF", "train min",
+         "decode min"],
+        [[kind, run["model"], f"{run['parameters']:,}", run["steps"], f"{run['epochs']:.2f}", f"{run['train_loss']:.3f}",
+          f"{_last_eval_loss(run):.3f}", f"**{run['bleu']:.2f}**", f"{run['chrf']:.2f}",
+          f"{run['train_seconds'] / 60:.1f}", f"{run['decode_seconds'] / 60:.1f}"] for kind, run in runs.items()]))
     curve_text = "".join(
         f"\nGreedy BLEU of {kind} on the first {s['bleu_curve_samples']} validation sentences, by step: "
         + ", ".join(f"{step}: {bleu:.1f}" for step, bleu in runs[kind]["greedy_bleu_curve"]) + "."
@@ -363,8 +364,6 @@ ReLU, post-LN, scaled shared and tied embeddings; `PaperTrainer` with the Noam s
  if s['average_last_checkpoints'] else 'the last weights'}. Validation: all {results['validation_examples']} sentences
 of val, beam {s['num_beams']}, length penalty {s['length_penalty']} (|Y|^α), at most {s['max_new_tokens']} new tokens.
 
-| run | class | parameters | steps | epochs | train loss | last val loss | BLEU | chrF | train min | decode min |
-|---|---|---|---|---|---|---|---|---|---|---|
 {rows}
 
 BLEU(ours) − BLEU(Marian) = **{results['bleu_gap']:+.2f}** (target ≥ −0.3). sacreBLEU:

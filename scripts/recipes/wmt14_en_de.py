@@ -4,7 +4,7 @@
     accelerate launch scripts/recipes/wmt14_en_de.py --model base                # data from the Hub (wmt14 de-en)
     accelerate launch scripts/recipes/wmt14_en_de.py --model big --data_dir /data/wmt14   # or local text files
     python scripts/recipes/wmt14_en_de.py --model base --scale tiny              # the same pipeline, minutes on a CPU
-    python scripts/recipes/wmt14_en_de.py --cost_table                           # what the full runs cost
+    python scripts/recipes/wmt14_en_de.py --cost_table --step_times device_check.json   # what the full runs cost
 
 Stages, each the paper's:
 1. data: WMT14 train, newstest2013 (validation), newstest2014 (test);
@@ -31,6 +31,7 @@ the process group waits up to max(--ddp_timeout, 2 h) instead of torch's default
 
 import argparse
 import json
+import sys
 from datetime import timedelta
 from pathlib import Path
 
@@ -40,7 +41,6 @@ from vanilla_transformer.training import check_run_can_start, load_raw_splits, p
 
 ROOT = Path(__file__).resolve().parents[2]
 MULTI30K = ROOT.parent / "shared" / "data" / "multi30k"
-DEVICE_CHECK = ROOT / "scripts" / "benchmarks" / "results" / "device_check_h200.json"
 
 # Steps, checkpoint interval and how many checkpoints to average, per model (§5.2, §6.1). Dropout is the preset's.
 # The paper wrote a checkpoint every 10 minutes: 1,389 of its base steps (100k in 12 h) and 595 big ones (300k in
@@ -53,7 +53,6 @@ PAPER_TRAINING = dict(tokens_per_step=25_000, vocab_size=37_000, warmup=4_000, n
 # it is scaled down to about the paper's rate.
 TINY = dict(preset="tiny", max_steps=600, save_steps=10, eval_steps=600, tokens_per_step=2_000, vocab_size=4_000,
             warmup=100, noam_factor=0.2, max_length=64)
-PAPER_COST = {"base": dict(steps=100_000, gpus=8, hours=12.0), "big": dict(steps=300_000, gpus=8, hours=84.0)}
 
 
 def recipe_parser() -> argparse.ArgumentParser:
@@ -66,8 +65,8 @@ def recipe_parser() -> argparse.ArgumentParser:
     parser.add_argument("--tokenizer_dir", type=Path,
                         help="the shared BPE vocabulary, trained here if absent; default: runs/wmt14_en_de_bpe<size>")
     parser.add_argument("--cost_table", action="store_true", help="print the projected cost of the full runs, exit")
-    parser.add_argument("--step_times", type=Path, default=DEVICE_CHECK,
-                        help="with --cost_table: a device check report (scripts/device_check.sh) to project from")
+    parser.add_argument("--step_times", type=Path,
+                        help="with --cost_table: the device_check.json of a GPU check (scripts/device_check.sh)")
     return parser
 
 
@@ -155,8 +154,14 @@ def main(argv=None) -> dict | None:
     parser = recipe_parser()
     recipe, passthrough = parser.parse_known_args(argv)
     if recipe.cost_table:
-        if not recipe.step_times.is_file():
-            parser.error(f"--step_times {recipe.step_times}: no such file (a report of scripts/device_check.sh)")
+        if recipe.step_times is None or not recipe.step_times.is_file():
+            parser.error(f"--cost_table needs --step_times REPORT, the device_check.json of scripts/device_check.sh "
+                         f"run on a GPU; got {recipe.step_times}" + ("" if recipe.step_times is None else
+                                                                     ": no such file"))
+        if str(ROOT) not in sys.path:
+            sys.path.insert(0, str(ROOT))  # run as a script: the measurement toolkit lives in the checkout
+        from scripts.benchmarks.cost_model import cost_table
+
         print(cost_table(json.loads(recipe.step_times.read_text()), recipe.step_times))
         return None
     if recipe.scale == "tiny" and recipe.data_dir is not None:
@@ -183,49 +188,6 @@ def main(argv=None) -> dict | None:
                           "sacrebleu": test.get("bleu"), "sacrebleu_signature": test.get("bleu_signature"),
                           "paper_bleu": test.get("paper_bleu", {}).get("bleu")}, indent=2))
     return results
-
-
-# The cost of the full runs ------------------------------------------------------------------------------------
-
-def measured_step_seconds(report: dict) -> dict[str, dict]:
-    """Seconds per optimizer step of ~25k + 25k real tokens, per model, from a device check report: its compiled
-    (else eager) bf16 step of ours at the paper's batch where the report has one, else an older report's bf16
-    training step scaled to 25k + 25k real tokens (throughput held constant)."""
-    sections = report["sections"]
-    found = {}
-    paper_batch = sections.get("paper_batch_training", {}).get("result")
-    for preset in PAPER:
-        systems = (paper_batch or {}).get("presets", {}).get(preset, {}).get("systems", {})
-        measured = next((name for name in ("ours_compiled", "ours_eager") if name in systems), None)
-        if measured is not None:  # eager only where compiling failed on that machine
-            tokens = paper_batch["source_tokens"] + paper_batch["target_tokens"]
-            seconds = systems[measured]["step_ms"] / 1e3
-            how = f"{measured.split('_')[1]} bf16 step at the paper batch"
-        elif f"train_step_{preset}" in sections:
-            result = sections[f"train_step_{preset}"]["result"]
-            tokens, seconds = result["source_tokens"] + result["target_tokens"], result["step_ms"] / 1e3
-            how = f"eager bf16 step of an earlier device check ({tokens:,} real tokens), scaled"
-        else:
-            continue
-        found[preset] = {"step_s": seconds * 2 * PAPER_TRAINING["tokens_per_step"] / tokens, "how": how}
-    return found
-
-
-def cost_table(report: dict, source: Path) -> str:
-    device = report.get("environment", {}).get("gpu") or "the GPU"
-    lines = [f"Projected from `{source.relative_to(ROOT) if source.is_relative_to(ROOT) else source}` "
-             f"({device}). Data parallelism is assumed to scale linearly, so the 8- and 64-GPU rows are lower "
-             "bounds on the time: at 64 GPUs the paper's 25k-token batch leaves each card about 400 tokens per step.", "",
-             "| model | steps | step on 1 GPU | 1 GPU | 8 GPUs | 64 GPUs | GPU-hours | paper (8 P100) | measured as |",
-             "|---|---|---|---|---|---|---|---|---|"]
-    for preset, measured in measured_step_seconds(report).items():
-        steps, step_s = PAPER_COST[preset]["steps"], measured["step_s"]
-        hours = steps * step_s / 3600
-        paper = PAPER_COST[preset]
-        lines.append(f"| {preset} | {steps:,} | {step_s * 1e3:.0f} ms | {hours:.1f} h | {hours / 8:.2f} h | "
-                     f"{hours / 64 * 60:.0f} min | {hours:.1f} | {paper['hours']:.0f} h = {paper['hours'] * 8:.0f} "
-                     f"GPU-hours | {measured['how']} |")
-    return "\n".join(lines)
 
 
 if __name__ == "__main__":
