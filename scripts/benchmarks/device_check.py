@@ -214,7 +214,7 @@ def paper_batch_preset(device, preset, p, batch, peak_tflops, errors) -> dict:
 
     from vanilla_transformer.training import paper_adam
 
-    from . import floors, workloads
+    from . import floors, profiling, workloads
 
     spec = spec_on(device, preset=preset, vocab_size=p["vocab_size"], batch_size=batch["input_ids"].shape[0],
                    source_length=p["width"], target_length=p["width"])
@@ -259,30 +259,11 @@ def paper_batch_preset(device, preset, p, batch, peak_tflops, errors) -> dict:
         return ms[other] / ms[system] if other in ms and system in ms else None
 
     if "ours_compiled" in systems:
-        result["profile_ours_compiled"] = top_kernels(systems["ours_compiled"][2], device)
+        result["profile_ours_compiled"] = profiling.top_kernels(systems["ours_compiled"][2], device)
     result["compiled_speed_vs_marian_compiled"] = ratio("marian_compiled", "ours_compiled")
     result["compiled_speed_vs_eager"] = ratio("ours_eager", "ours_compiled")
     result["eager_speed_vs_marian_eager"] = ratio("marian_eager", "ours_eager")
     return result
-
-
-def top_kernels(step, device, rows: int = 10) -> dict:
-    """Where one step's device time goes: the kernels (CPU ops on the CPU) with the most self time, and their share."""
-    import torch
-    from torch.profiler import ProfilerActivity, profile
-
-    activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if device.type == "cuda" else [])
-    with profile(activities=activities) as prof:
-        step()
-        if device.type == "cuda":
-            torch.cuda.synchronize(device)
-    attribute = "self_device_time_total" if device.type == "cuda" else "self_cpu_time_total"
-    events = [e for e in prof.key_averages() if getattr(e, attribute, 0) > 0]
-    total = sum(getattr(e, attribute) for e in events)
-    events.sort(key=lambda e: getattr(e, attribute), reverse=True)
-    return {"total_ms": total / 1e3, "kernels": [
-        {"name": e.key[:120], "ms": getattr(e, attribute) / 1e3, "share": getattr(e, attribute) / total,
-         "calls": e.count} for e in events[:rows]]}
 
 
 def paper_batch_training(device, s, peak_tflops, start_by) -> dict:

@@ -14,7 +14,6 @@ from .workloads import BenchmarkSpec, build_models, generate_fixed_length, make_
 import torch
 
 
-
 def _operator_times(prof) -> dict[str, tuple[float, int]]:
     """Self CPU microseconds and call count per operator, from a torch.profiler run."""
     return {event.key: (event.self_cpu_time_total, event.count) for event in prof.key_averages()}
@@ -118,3 +117,22 @@ def profile_ours(spec: BenchmarkSpec, repeats: int = 3, rows: int = 25) -> str:
 
 
 __all__ = ["profile_ours"]
+
+
+def top_kernels(step, device, rows: int = 10) -> dict:
+    """Where one step's device time goes: the kernels (CPU ops on the CPU) with the most self time, and their share
+    (the device check's view of a compiled training step)."""
+    from torch.profiler import ProfilerActivity, profile
+
+    activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if device.type == "cuda" else [])
+    with profile(activities=activities) as prof:
+        step()
+        if device.type == "cuda":
+            torch.cuda.synchronize(device)
+    attribute = "self_device_time_total" if device.type == "cuda" else "self_cpu_time_total"
+    events = [e for e in prof.key_averages() if getattr(e, attribute, 0) > 0]
+    total = sum(getattr(e, attribute) for e in events)
+    events.sort(key=lambda e: getattr(e, attribute), reverse=True)
+    return {"total_ms": total / 1e3, "kernels": [
+        {"name": e.key[:120], "ms": getattr(e, attribute) / 1e3, "share": getattr(e, attribute) / total,
+         "calls": e.count} for e in events[:rows]]}
