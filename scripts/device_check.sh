@@ -1,11 +1,11 @@
 #!/usr/bin/env bash
 # GPU check of vanilla_transformer: attention agreement, the bf16 training step at the paper's batch (base, big;
-# ours and MarianMTModel, eager and torch.compile'd: throughput, MFU, peak memory, projected paper-run time),
-# beam-search throughput, speed against MarianMTModel and the textbook decoder (the benchmark's comparisons),
+# ours and MarianMTModel, eager and torch.compile'd: throughput, MFU, peak memory, top kernels), beam-search
+# throughput, `make bench`'s run on the GPU (ours vs MarianMTModel and the textbook decoder, floors and ceilings),
 # and a short bf16 training run. Logic: scripts/benchmarks/device_check.py.
 #
 #   scripts/device_check.sh                 # on a CUDA machine; < 8 minutes; results in $OUT or device_check_out/
-#   scripts/device_check.sh --cpu_smoke     # the same code, tiny sizes, on the CPU (< 90 s; for tests)
+#   scripts/device_check.sh --cpu_smoke     # the same code, tiny sizes, on the CPU (about a minute; for tests)
 #
 # Installs nothing. Python: $PYTHON, else .venv/bin/python when present, else python3. The package is used
 # from this checkout (PYTHONPATH), installed or not. When that Python's transformers is missing or older
