@@ -281,12 +281,12 @@ def paper_batch_training(device, s, peak_tflops, start_by) -> dict:
     # Real lengths average 3/4 of the width, so this many rows hold about `tokens` real tokens a side.
     rows = round(p["tokens"] / (0.75 * p["width"]))
     spec = spec_on(device, preset=p["presets"][0], vocab_size=p["vocab_size"], batch_size=rows,
-                   source_length=p["width"], target_length=p["width"], seed=3)
+                   source_length=p["width"], target_length=p["width"])
     config = workloads.model_config(spec)
     # Padded to the full width, as a collator padding to a multiple of it pads.
     pads = {"input_ids": config.pad_token_id, "attention_mask": 0, "labels": -100}
     batch = {name: F.pad(t, (0, p["width"] - t.shape[1]), value=pads[name])
-             for name, t in workloads.training_batch(spec, config).items()}
+             for name, t in workloads.training_batch(spec, config, seed=4).items()}
     source_tokens, target_tokens = floors.token_counts(batch)
     result = {"rows": rows, "width": p["width"], "vocab_size": p["vocab_size"], "source_tokens": source_tokens,
               "target_tokens": target_tokens, "compile_backend": p["compile_backend"] or "inductor",

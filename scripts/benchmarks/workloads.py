@@ -173,7 +173,7 @@ def make_train_step(model: torch.nn.Module, batch: dict, lr: float = 1e-4, autoc
                     optimizer: torch.optim.Optimizer | None = None) -> Callable[[], float]:
     """One optimizer step as a training loop runs it, dropout on: zero the gradients, forward with labels
     (each model's own loss: ours is label-smoothed, Marian's plain cross-entropy), backward, the optimizer (AdamW
-    at `lr` unless one is given; `step.optimizer`). With `autocast` (torch.bfloat16) the forward runs under
+    at `lr` unless one is given). With `autocast` (torch.bfloat16) the forward runs under
     autocast on the batch's device, as Trainer's --bf16 does. The step returns its loss."""
     optimizer = optimizer or torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=lr)
     device_type = next(iter(batch.values())).device.type
@@ -187,7 +187,6 @@ def make_train_step(model: torch.nn.Module, batch: dict, lr: float = 1e-4, autoc
         optimizer.step()
         return loss.item()
 
-    step.optimizer = optimizer
     return step
 
 
