@@ -67,6 +67,15 @@ def test_the_signatures_name_the_settings_that_produced_the_scores():
                 whitespace=chrf["space"] == "yes").corpus_score(hypotheses, [references]).score == scores["chrf"]
 
 
+def test_lowercased_bleu_ignores_only_case_and_its_signature_says_so():
+    hypotheses, references = ["A dog runs through the Snow ."], ["a dog runs through the snow ."]
+    scores = corpus_scores(hypotheses, references)
+    assert scores["bleu_lowercase"] == pytest.approx(100.0) and scores["bleu"] < 60
+    assert "|case:lc|" in scores["bleu_lowercase_signature"]
+    assert scores["bleu_lowercase_signature"].replace("case:lc", "case:mixed") == scores["bleu_signature"]
+    assert corpus_scores(["a cat ."], references)["bleu_lowercase"] < 100
+
+
 def test_multiple_references_per_hypothesis():
     scores = corpus_scores(HYPS, [[r, "something else"] for r in REFS])
     assert scores["bleu_signature"].startswith("nrefs:2|")

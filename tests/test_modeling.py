@@ -22,7 +22,8 @@ from vanilla_transformer import (
     VanillaTransformerForConditionalGeneration,
     VanillaTransformerModel,
 )
-from vanilla_transformer.modeling_vanilla_transformer import CACHE_FIELD, SinusoidalPositionalEncoding
+from vanilla_transformer.modeling_vanilla_transformer import (CACHE_FIELD, SinusoidalPositionalEncoding, apply_dropout,
+                                                             label_smoothed_cross_entropy)
 
 ATOL = 1e-5  # float32 on CPU; observed differences are about 1e-6
 
@@ -365,6 +366,46 @@ def test_loss_is_label_smoothed_cross_entropy_over_real_labels():
     summed = model(input_ids=input_ids, attention_mask=attention_mask, labels=labels,
                    num_items_in_batch=torch.tensor(real.sum().item() * 2))
     torch.testing.assert_close(summed.loss, expected / 2, atol=1e-6, rtol=0)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("vocab", [7, 1 << 17])  # one block of rows; several blocks (about a million logits each)
+def test_the_loss_and_its_gradient_equal_torchs_smoothed_cross_entropy_in_float32(dtype, vocab):
+    generator = torch.Generator().manual_seed(0)
+    logits = (3 * torch.randn(2, 20, vocab, generator=generator)).to(dtype)
+    labels = torch.randint(0, vocab, (2, 20), generator=generator)
+    labels[1, 15:] = -100
+    ours = logits.clone().requires_grad_()
+    loss = label_smoothed_cross_entropy(ours, labels, 0.1)
+    loss.backward(torch.tensor(3.0))
+    reference = logits.clone().requires_grad_()
+    expected = torch.nn.functional.cross_entropy(reference.float().flatten(0, 1), labels.flatten(), ignore_index=-100,
+                                                 label_smoothing=0.1)
+    expected.backward(torch.tensor(3.0))
+    assert loss.dtype == torch.float32 and ours.grad.dtype == dtype
+    torch.testing.assert_close(loss, expected, atol=1e-5, rtol=1e-6)
+    # float32: sums over 131k logits in another order; bfloat16 gradients keep 8 bits of mantissa
+    tolerance = dict(atol=1e-6, rtol=3e-4) if dtype == torch.float32 else dict(atol=1e-6, rtol=8e-3)
+    torch.testing.assert_close(ours.grad, reference.grad, **tolerance)
+    assert ours.grad[1, 15:].abs().max() == 0
+
+
+@pytest.mark.parametrize("p", [0.1, 0.3])
+def test_dropout_keeps_each_value_with_probability_1_minus_p_and_scales_it(p):
+    x = torch.full((1001, 1003), 2.0, requires_grad=True)  # a size no multiple of four
+    torch.manual_seed(0)
+    y = apply_dropout(x, p, training=True)
+    kept = y != 0
+    assert kept.float().mean().item() == pytest.approx(1 - p, abs=3e-3)  # 1e6 draws: sd 4.6e-4
+    torch.testing.assert_close(y[kept], torch.full_like(y[kept], 2 / (1 - p)))
+    y.sum().backward()
+    torch.testing.assert_close(x.grad, kept / (1 - p))
+    # Neighbouring values come from different 16-bit pieces of one random word: they must not drop together.
+    both = (~kept[:, :-1] & ~kept[:, 1:]).float().mean().item()
+    assert both == pytest.approx(p * p, abs=3e-3)
+    torch.manual_seed(0)
+    assert torch.equal(apply_dropout(x, p, training=True), y)  # the seed decides the mask
+    assert apply_dropout(x, p, training=False) is x and apply_dropout(x, 0.0, training=True) is x
 
 
 def test_collator_builds_decoder_inputs_from_labels():

@@ -182,6 +182,8 @@ def test_the_multi30k_recipe_ends_in_an_averaged_scored_folder_that_translate_py
         "--noam_warmup_steps", "2", "--per_device_eval_batch_size", "8"])
 
     saved = json.loads((output / "results.json").read_text())
+    # The hour, less 2 minutes for the rest of the command and 1 for the held-out pair, is training's budget.
+    assert 56.9 < saved["train"]["max_train_minutes"] <= 57 and saved["train"]["stopped_by_time_budget_at_step"] is None
     assert saved["averaged_checkpoints"] == [f"checkpoint-{step}" for step in (2, 3, 4, 5, 6)]
     averaged = AutoModelForSeq2SeqLM.from_pretrained(output)
     checkpoints = [load_file(output / name / "model.safetensors") for name in saved["averaged_checkpoints"]]
@@ -192,7 +194,9 @@ def test_the_multi30k_recipe_ends_in_an_averaged_scored_folder_that_translate_py
     assert saved["validation"]["num_sentences"] == 12 and averaged.generation_config.num_beams == 4
     validation = (output / "validation_translations.txt").read_text(encoding="utf-8").splitlines()
     references = (corpus / "val.de").read_text(encoding="utf-8").splitlines()
-    assert saved["validation"]["bleu"] == corpus_scores(validation, references)["bleu"]
+    expected = corpus_scores(validation, references)
+    assert saved["validation"]["bleu"] == expected["bleu"]
+    assert saved["validation"]["bleu_lowercase"] == expected["bleu_lowercase"]  # as the Multi30k literature scores
     (held_out,) = saved["held_out"]
     translations = (output / "heldout_translations.txt").read_text(encoding="utf-8").splitlines()
     assert held_out["num_sentences"] == 8 and held_out["bleu"] == corpus_scores(
@@ -200,6 +204,7 @@ def test_the_multi30k_recipe_ends_in_an_averaged_scored_folder_that_translate_py
     assert results["validation"]["bleu"] == saved["validation"]["bleu"]
     card = (output / "README.md").read_text()
     assert "Held-out test sets" in card and f"| {held_out['dataset_name']} | 8 |" in card
+    assert f"| BLEU, lowercased | {saved['validation']['bleu_lowercase']:.2f} | `nrefs:1\\|case:lc" in card
     assert (output / "validation_bleu.png").is_file() and saved["minutes"] > 0
     state = json.loads((output / "checkpoint-6" / "trainer_state.json").read_text())
     assert [round(e["minutes"], 6) > 0 for e in state["log_history"] if "eval_bleu" in e] == [True, True]
@@ -217,6 +222,8 @@ def test_the_multi30k_recipe_ends_in_an_averaged_scored_folder_that_translate_py
     (["--data_dir", "{tmp}"], "--data_dir {tmp} has no train.en"),
     (["--test_source_file", "{tmp}/missing.en", "--test_target_file", "{corpus}/heldout.de"],
      "--test_source_file {tmp}/missing.en: no such file"),
+    (["--minutes", "2.5", "--test_source_file", "{corpus}/heldout.en", "--test_target_file", "{corpus}/heldout.de"],
+     "--minutes 2.5 leaves no time to train: the vocabulary, averaging and the final evaluations keep 3.0"),
 ])
 def test_the_multi30k_recipe_refuses_by_flag_before_it_writes(flags, message, corpus, tmp_path, capsys):
     values = {"corpus": corpus, "tmp": tmp_path}

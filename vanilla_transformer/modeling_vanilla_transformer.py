@@ -97,6 +97,51 @@ def can_skip_padding_mask(mask: torch.Tensor | None, training: bool) -> bool:
     return mask is None or not training
 
 
+class _SmoothedCrossEntropySum(torch.autograd.Function):
+    """Summed label-smoothed cross-entropy whose gradient is formed in one pass: softmax minus the smoothed target,
+    in float32, written back in the logits' dtype. Rows go through in blocks of about a million logits, so the
+    float32 copy of a block stays in cache and the whole (tokens x vocabulary) float32 copy, log-softmax and its
+    gradient are never materialized; at most 16 blocks, so a large batch is not cut into many small launches."""
+
+    @staticmethod
+    def forward(ctx, logits, labels, label_smoothing):
+        real = labels != -100
+        targets = labels.clamp(min=0)
+        if torch.compiler.is_compiling():  # the compiler fuses it whole; blocks would tie its graph to the batch size
+            blocks = [slice(None)]
+        else:
+            rows_per_block = _block_rows(logits)
+            blocks = [slice(start, start + rows_per_block) for start in range(0, logits.shape[0], rows_per_block)]
+        log_normalizers, losses = [], []
+        for rows in blocks:
+            block = logits[rows].float()
+            log_normalizer = torch.logsumexp(block, dim=-1)
+            target_logit = block.gather(-1, targets[rows, None]).squeeze(-1)
+            # (1 - eps) * -log p(target) + eps * mean over the vocabulary of -log p
+            losses.append(log_normalizer - (1 - label_smoothing) * target_logit - label_smoothing * block.mean(-1))
+            log_normalizers.append(log_normalizer)
+        ctx.save_for_backward(logits, targets, real, torch.cat(log_normalizers))
+        ctx.label_smoothing, ctx.blocks = label_smoothing, blocks
+        return (torch.cat(losses) * real).sum()
+
+    @staticmethod
+    def backward(ctx, grad_total):
+        logits, targets, real, log_normalizer = ctx.saved_tensors
+        eps, vocab = ctx.label_smoothing, logits.shape[-1]
+        grad = torch.empty_like(logits)
+        scale = real * grad_total
+        for rows in ctx.blocks:
+            block = torch.exp(logits[rows].float() - log_normalizer[rows, None]).sub_(eps / vocab)
+            block.scatter_add_(-1, targets[rows, None], block.new_full((block.shape[0], 1), eps - 1))
+            grad[rows] = block.mul_(scale[rows, None])
+        return grad, None, None
+
+
+def _block_rows(logits: torch.Tensor) -> int:
+    rows, vocab = logits.shape
+    return max(1, (1 << 20) // vocab, -(-rows // 16))
+
+
 def label_smoothed_cross_entropy(logits, labels, label_smoothing: float = 0.0, num_items_in_batch=None):
     """§5.4: cross-entropy over the non-(-100) labels in float32, smoothed by `label_smoothing`, summed and divided
     by the label count, or by Trainer's `num_items_in_batch` (the whole optimizer step's, so accumulation and data
@@ -105,10 +150,20 @@ def label_smoothed_cross_entropy(logits, labels, label_smoothing: float = 0.0, n
         raise ValueError(f"`labels` has shape {tuple(labels.shape)}, but `logits` has shape {tuple(logits.shape)}: "
                          "one label per position.")
     labels = labels.to(logits.device)
-    total = F.cross_entropy(logits.float().flatten(0, -2), labels.flatten(), ignore_index=-100, reduction="sum",
-                            label_smoothing=label_smoothing)
+    total = _SmoothedCrossEntropySum.apply(logits.flatten(0, -2), labels.flatten(), label_smoothing)
     count = (labels != -100).sum() if num_items_in_batch is None else num_items_in_batch
     return total / torch.as_tensor(count, device=total.device).clamp(min=1)
+
+
+def apply_dropout(x: torch.Tensor, p: float, training: bool) -> torch.Tensor:
+    """Dropout (§5.4) with a mask that costs a quarter of the random numbers of `F.dropout`, which draws one per
+    element: each 64-bit random word gives four 16-bit ones, each kept with probability 1 - p (p rounded to
+    1/65536), and the kept values scaled by 1 / (1 - p) as usual."""
+    if not training or p == 0:
+        return x
+    words = torch.empty((x.numel() + 3) // 4, dtype=torch.int64, device=x.device).random_(-(2**63), 2**63 - 1)
+    keep = words.view(torch.int16)[: x.numel()].view(x.shape) >= round(p * 65536) - 32768
+    return torch.where(keep, x * (1 / (1 - p)), 0)
 
 
 def shift_tokens_right(labels: torch.Tensor, pad_token_id: int, decoder_start_token_id: int) -> torch.Tensor:
@@ -155,7 +210,7 @@ def eager_attention_forward(module, query, key, value, attention_mask, scaling, 
     if attention_mask is not None:
         scores = scores + attention_mask[:, :, :, : key.shape[-2]]  # eager masks are additive: 0 or dtype min
     weights = F.softmax(scores, dim=-1, dtype=torch.float32).to(query.dtype)
-    weights = F.dropout(weights, p=dropout, training=module.training)
+    weights = apply_dropout(weights, dropout, module.training)
     return torch.matmul(weights, value).transpose(1, 2).contiguous(), weights
 
 
@@ -218,7 +273,7 @@ class VanillaTransformerFeedForward(nn.Module):
         self.activation_dropout = config.activation_dropout
 
     def forward(self, x):
-        x = F.dropout(self.activation(self.fc1(x)), self.activation_dropout, self.training)
+        x = apply_dropout(self.activation(self.fc1(x)), self.activation_dropout, self.training)
         return (self.fc2(x),)
 
 
@@ -233,7 +288,7 @@ class _ResidualLayer(GradientCheckpointingLayer):
 
     def residual(self, x, norm: nn.LayerNorm, sublayer: Callable):
         output, *extra = sublayer(norm(x) if self.normalize_before else x)
-        x = x + F.dropout(output, self.dropout, self.training)
+        x = x + apply_dropout(output, self.dropout, self.training)
         return (x if self.normalize_before else norm(x)), *extra
 
 
@@ -331,7 +386,7 @@ class _Stack(VanillaTransformerPreTrainedModel):
                              f"got {tuple(inputs_embeds.shape)}.")
         positions = torch.arange(inputs_embeds.shape[1], device=inputs_embeds.device) + past_length
         hidden_states = inputs_embeds + self.embed_positions(positions).to(inputs_embeds.dtype)
-        return F.dropout(hidden_states, self.config.dropout, self.training)
+        return apply_dropout(hidden_states, self.config.dropout, self.training)
 
     def output_flags(self, output_attentions, output_hidden_states) -> tuple[bool, bool]:
         """Arguments win; otherwise the config's `output_attentions` / `output_hidden_states`."""

@@ -91,6 +91,10 @@ def _eval_results(eval_results: dict, model_task: str, dataset_name: str, datase
     results = [EvalResult(**dataset, metric_type="bleu", metric_name="BLEU",
                           metric_value=round(float(eval_results["bleu"]), 2),
                           metric_args={"signature": eval_results["bleu_signature"]})]
+    if eval_results.get("bleu_lowercase") is not None:
+        results.append(EvalResult(**dataset, metric_type="bleu", metric_name="BLEU (lowercased)",
+                                  metric_value=round(float(eval_results["bleu_lowercase"]), 2),
+                                  metric_args={"signature": eval_results["bleu_lowercase_signature"]}))
     if eval_results.get("paper_bleu") is not None:  # the paper's tokenized protocol, not comparable to sacreBLEU
         paper = eval_results["paper_bleu"]
         results.append(EvalResult(**dataset, metric_type="bleu", metric_name="BLEU (tokenized, the paper's protocol)",
@@ -153,7 +157,8 @@ def model_card_variables(
         card_data.model_name = model_name
         card_data.eval_results = _eval_results(eval_results, task_name, dataset_name, datasets)
         evaluation = {key: eval_results.get(key) for key in
-                      ("bleu", "bleu_signature", "chrf", "chrf_signature", "paper_bleu", "dataset_split", "decoding")}
+                      ("bleu", "bleu_signature", "bleu_lowercase", "bleu_lowercase_signature", "chrf", "chrf_signature",
+                       "paper_bleu", "dataset_split", "decoding")}
         evaluation["dataset_name"] = dataset_name
     held_out = []
     for index, scores in enumerate(held_out_results or []):  # more test sets, each under its own name
@@ -163,7 +168,8 @@ def model_card_variables(
         card_data.model_name = model_name
         card_data.eval_results = [*(card_data.eval_results or []),
                                   *_eval_results(scores, task_name, scores["dataset_name"], datasets)]
-        held_out.append({key: scores.get(key) for key in ("dataset_name", "num_sentences", "bleu", "chrf")})
+        held_out.append({key: scores.get(key) for key in ("dataset_name", "num_sentences", "bleu", "bleu_lowercase",
+                                                          "chrf")})
     arch = {
         "vocab_size": config.vocab_size,
         "embedding": ("one matrix for the source and target embeddings and the pre-softmax projection (§3.4)"
@@ -203,7 +209,7 @@ def render_model_card(folder: str | os.PathLike, *, template_path: str | os.Path
     each like eval_results with its own `dataset_name`).
 
     eval_results: `{"bleu": float, "bleu_signature": str, "chrf": float, "chrf_signature": str}` as
-    `vanilla_transformer.training.metrics.corpus_scores` returns, optionally with `dataset_split`, `dataset_config`,
+    `vanilla_transformer.training.metrics.corpus_scores` returns (with `bleu_lowercase` and its signature), optionally with `dataset_split`, `dataset_config`,
     `dataset_type` (a Hub dataset id; default the first of `datasets`) and `decoding` (free text).
     None renders a card without scores and without `model-index`. `languages` is `[source, target]`
     for a pair. `repo_id` names the model in the card's code (default: the folder).

@@ -26,14 +26,17 @@ def _reference_streams(references, n_hypotheses):
 
 
 def corpus_scores(hypotheses, references):
-    """sacreBLEU defaults (13a tokens, mixed case, exp smoothing): the numbers WMT papers quote."""
+    """sacreBLEU defaults (13a tokens, mixed case, exp smoothing): the numbers WMT papers quote; and the same BLEU
+    lowercased (`bleu_lowercase`), as much of the Multi30k literature scores, so a figure stands beside theirs."""
     streams = _reference_streams(references, len(hypotheses))
-    bleu, chrf = BLEU(), CHRF()
+    bleu, lowercase, chrf = BLEU(), BLEU(lowercase=True), CHRF()
     return {
         "bleu": bleu.corpus_score(hypotheses, streams).score,
         "chrf": chrf.corpus_score(hypotheses, streams).score,
+        "bleu_lowercase": lowercase.corpus_score(hypotheses, streams).score,
         "bleu_signature": str(bleu.get_signature()),
         "chrf_signature": str(chrf.get_signature()),
+        "bleu_lowercase_signature": str(lowercase.get_signature()),
     }
 
 
