@@ -1,6 +1,7 @@
 """scripts/train.py and the demo, shortened: a few steps end in a folder that loads and translates the same."""
 
 import json
+import logging
 import math
 import runpy
 import sys
@@ -76,14 +77,16 @@ def test_checkpoints_saved_after_a_generating_evaluation_keep_the_models_generat
         assert "max_length" not in saved and saved == final and saved["num_beams"] == 4
 
 
-def test_a_time_budget_stops_training_cleanly_with_a_checkpoint_of_the_last_step(tmp_path, monkeypatch):
+def test_a_time_budget_stops_training_cleanly_with_a_checkpoint_of_the_last_step(tmp_path, monkeypatch, caplog):
     clock = iter(range(0, 10_000, 60))  # a minute passes between two readings of the clock
     monkeypatch.setattr("vanilla_transformer.training.trainer.time.monotonic", lambda: next(clock))
     arguments = TINY_RUN + ["--output_dir", str(tmp_path / "run"), "--max_eval_samples", "2", "--save_steps", "100",
                             "--max_train_minutes", "2.5"]
     arguments[arguments.index("--save_strategy") + 1] = "steps"
     arguments[arguments.index("--max_steps") + 1] = "1000"
-    results = run(*parse(arguments))
+    with caplog.at_level(logging.WARNING, logger="vanilla_transformer.training.trainer"):
+        results = run(*parse(arguments))
+    assert "Training stops after 2.5 minutes or at step 1000, whichever comes first" in caplog.text
     # Read at the start (0), then after steps 1, 2 and 3 (1, 2 and 3 minutes): step 3 is the first past 2.5 minutes.
     assert results["train"]["stopped_by_time_budget_at_step"] == 3 and results["train"]["max_train_minutes"] == 2.5
     assert sorted(p.name for p in (tmp_path / "run").glob("checkpoint-*")) == ["checkpoint-3"]

@@ -126,6 +126,8 @@ class TrainingTimeBudget(TrainerCallback):
 
     def on_train_begin(self, args, state, control, **kwargs):
         self.started = time.monotonic()
+        logger.warning("Training stops after %.1f minutes or at step %d, whichever comes first (the progress bar "
+                       "counts steps).", self.seconds / 60, state.max_steps)
 
     def on_step_end(self, args, state, control, **kwargs):
         spent = time.monotonic() - self.started >= self.seconds
