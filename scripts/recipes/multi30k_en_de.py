@@ -10,9 +10,9 @@ scored on the whole validation set with beam search, and on any held-out test se
 
 --data_dir holds line-aligned train.{en,de} and val.{en,de} (default: ../shared/data/multi30k). Every other flag
 goes to scripts/train.py (all of Seq2SeqTrainingArguments) and wins over the recipe's value, e.g. --max_steps,
---max_train_minutes or --config_overrides. --precision auto trains in bf16 autocast (float32 weights and loss) where the machine multiplies
-bf16 natively, else in float32, and says which in one log line. The choices and what each bought on validation:
-scripts/recipes/README.md.
+--max_train_minutes or --config_overrides. --precision auto trains in bf16 autocast (float32 weights and loss)
+where the machine multiplies bf16 natively, else in float32, and says which in one log line. The choices and what
+each bought on validation: scripts/recipes/README.md.
 """
 
 import argparse

@@ -209,8 +209,9 @@ def render_model_card(folder: str | os.PathLike, *, template_path: str | os.Path
     each like eval_results with its own `dataset_name`).
 
     eval_results: `{"bleu": float, "bleu_signature": str, "chrf": float, "chrf_signature": str}` as
-    `vanilla_transformer.training.metrics.corpus_scores` returns (with `bleu_lowercase` and its signature), optionally with `dataset_split`, `dataset_config`,
-    `dataset_type` (a Hub dataset id; default the first of `datasets`) and `decoding` (free text).
+    `vanilla_transformer.training.metrics.corpus_scores` returns (with `bleu_lowercase` and its signature),
+    optionally with `dataset_split`, `dataset_config`, `dataset_type` (a Hub dataset id; default the first of
+    `datasets`) and `decoding` (free text).
     None renders a card without scores and without `model-index`. `languages` is `[source, target]`
     for a pair. `repo_id` names the model in the card's code (default: the folder).
 
