@@ -44,7 +44,8 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")  # everything here is built locally
 
 import torch  # noqa: E402
 from datasets import DatasetDict, load_from_disk  # noqa: E402
-from .toolkit import load_multi30k, markdown_table, multi30k_missing, shared_tokenizer_for, write_report  # noqa: E402
+from .toolkit import (environment, load_average, load_multi30k, markdown_table, multi30k_missing,  # noqa: E402
+                      shared_tokenizer_for, write_report)
 from transformers import (  # noqa: E402
     AutoTokenizer,
     DataCollatorForSeq2Seq,
@@ -284,7 +285,7 @@ def check_settings(settings: ParitySettings):
 
 def run_parity(settings: ParitySettings) -> dict:
     check_settings(settings)
-    start = time.perf_counter()
+    start, machine = time.perf_counter(), environment()
     if settings.work_dir is None:
         settings = replace(settings, work_dir=tempfile.mkdtemp(prefix="vanilla_transformer_parity_"))
     prepared = prepare(settings)
@@ -297,7 +298,7 @@ def run_parity(settings: ParitySettings) -> dict:
         runs = {kind: train_and_score(kind, settings) for kind in MODELS}
     return {"settings": asdict(settings), **prepared, "runs": runs,
             "bleu_gap": runs["ours"]["bleu"] - runs["marian"]["bleu"], "wall_seconds": time.perf_counter() - start,
-            "torch": torch.__version__}
+            "environment": {**machine, "load_average_at_end": load_average()}}
 
 
 def plot_parity(results: dict, path) -> Path:
@@ -370,12 +371,20 @@ of val, beam {s['num_beams']}, length penalty {s['length_penalty']} (|Y|^α), at
 
 BLEU(ours) − BLEU(Marian) = **{results['bleu_gap']:+.2f}** (target ≥ −0.3). sacreBLEU:
 `{runs['ours']['bleu_signature']}`. Wall time of the whole comparison: {results['wall_seconds'] / 60:.1f} min
-({'both trained at once, ' + str(s['threads_per_model']) + ' thread each' if s['parallel'] else 'one after the other'}),
-on a CPU shared with other jobs.
+({'both trained at once, ' + str(s['threads_per_model']) + ' thread each' if s['parallel'] else 'one after the other'}){_machine_text(results)}.
 {curve_text}
 
 ![curves]({plot_name})
 """
+
+
+def _machine_text(results: dict) -> str:
+    machine = results.get("environment")
+    if not machine:
+        return ""
+    start, end = machine.get("load_average_at_start"), machine.get("load_average_at_end")
+    load = f"; 1-minute load average {start[0]:.1f} at the start, {end[0]:.1f} at the end" if start and end else ""
+    return f", on {machine['cpu']} ({machine['cores_available']} cores available{load})"
 
 
 def _last_eval_loss(run: dict) -> float:
