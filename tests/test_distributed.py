@@ -49,7 +49,10 @@ BASE_ARGS = [
 # Only under a launcher: with one process, --ddp_backend makes accelerate call get_world_size() on a process
 # group nobody initialised (ValueError "Default process group has not been initialized").
 DIST_ARGS = ["--ddp_backend", "gloo", "--ddp_find_unused_parameters", "false"]
-SGD_ARGS = ["--optim", "sgd", "--max_steps", "8", "--save_steps", "4"]
+# A time budget far beyond the run: under a launcher its clock is all-reduced every step, and its learning-rate
+# ramp (1 until the last 300 minutes) must leave every rate as the schedule gives it.
+SGD_ARGS = ["--optim", "sgd", "--max_steps", "8", "--save_steps", "4", "--max_train_minutes", "600",
+            "--lr_decay_minutes", "300"]
 TORCHRUN = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2"]
 ACCELERATE = [sys.executable, "-m", "accelerate.commands.launch", "--config_file", str(CPU_2PROC)]
 
@@ -198,7 +201,7 @@ def test_noam_schedule_advances_once_per_optimizer_step(run, request, single):
             assert rate == pytest.approx(noam(step - 1), rel=1e-12), (checkpoint.name, step)
         scheduler = torch.load(checkpoint / "scheduler.pt", weights_only=True)
         assert scheduler["last_epoch"] == last  # one scheduler step per optimizer step, not per rank
-        assert scheduler["lr_lambdas"][0] == {"d_model": D_MODEL, "warmup_steps": WARMUP, "factor": 1.0}
+        assert scheduler["lr_lambdas"][0] == {"d_model": D_MODEL, "warmup_steps": WARMUP, "factor": 1.0, "decay": 1.0}
     single_rates = [e["learning_rate"] for e in _log_history(single / "checkpoint-8") if "learning_rate" in e]
     rates = [e["learning_rate"] for e in _log_history(output_dir / "checkpoint-8") if "learning_rate" in e]
     assert rates == single_rates

@@ -111,7 +111,7 @@ def test_paper_adam_hyperparameters():
 
 def test_scheduler_state_saves_the_noam_settings():
     scheduler = noam_schedule(paper_adam(Regression()), 512, 4000, factor=2.0)
-    assert scheduler.state_dict()["lr_lambdas"] == [{"d_model": 512, "warmup_steps": 4000, "factor": 2.0}]
+    assert scheduler.state_dict()["lr_lambdas"] == [{"d_model": 512, "warmup_steps": 4000, "factor": 2.0, "decay": 1.0}]
 
 
 def test_trainer_uses_paper_lr_for_every_update(tmp_path):

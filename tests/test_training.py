@@ -3,6 +3,7 @@
 import json
 import logging
 import math
+import re
 import runpy
 import sys
 from pathlib import Path
@@ -91,6 +92,47 @@ def test_a_time_budget_stops_training_cleanly_with_a_checkpoint_of_the_last_step
     assert results["train"]["stopped_by_time_budget_at_step"] == 3 and results["train"]["max_train_minutes"] == 2.5
     assert sorted(p.name for p in (tmp_path / "run").glob("checkpoint-*")) == ["checkpoint-3"]
     assert json.loads((tmp_path / "run" / "results.json").read_text())["train"]["stopped_by_time_budget_at_step"] == 3
+
+
+def test_a_decaying_time_budget_anneals_the_noam_rate_towards_zero_at_its_end(tmp_path, monkeypatch, caplog):
+    clock = iter(range(0, 10_000, 60))  # a minute passes between two readings of the clock
+    monkeypatch.setattr("vanilla_transformer.training.trainer.time.monotonic", lambda: next(clock))
+    arguments = TINY_RUN + ["--output_dir", str(tmp_path / "run"), "--max_eval_samples", "2", "--save_steps", "100",
+                            "--max_train_minutes", "6", "--lr_decay_minutes", "4"]
+    for flag, value in (("--save_strategy", "steps"), ("--max_steps", "1000"), ("--logging_steps", "1")):
+        arguments[arguments.index(flag) + 1] = value
+    with caplog.at_level(logging.WARNING, logger="vanilla_transformer.training.trainer"):
+        results = run(*parse(arguments))
+    assert "its learning rate falling linearly to zero over the last 4.0 minutes" in caplog.text
+    assert results["train"]["stopped_by_time_budget_at_step"] == 6 and results["train"]["lr_decay_minutes"] == 4
+    state = json.loads((tmp_path / "run" / "checkpoint-6" / "trainer_state.json").read_text())
+    logged = [(entry["step"], entry["learning_rate"]) for entry in state["log_history"] if "learning_rate" in entry]
+    # After step k the clock reads k minutes and the ramp is (6 - k) / 4, at most 1; the scheduler has already
+    # fixed update k + 1's rate, so the ramp read after step k drives update k + 2.
+    ramp = {1: 1.0, 2: 1.0, 3: 1.0, 4: 1.0, 5: 0.75, 6: 0.5}
+    d_model, warmup = 64, 4
+    assert [step for step, _ in logged] == list(ramp)
+    for step, lr in logged:
+        assert lr == pytest.approx(ramp[step] * d_model**-0.5 * min(step**-0.5, step * warmup**-1.5), rel=1e-6)
+
+
+@pytest.mark.parametrize("flags, message", [
+    (["--lr_decay_minutes", "5"], "--lr_decay_minutes 5.0 ends the decay at the time budget: give --max_train_minutes"),
+    (["--max_train_minutes", "3", "--lr_decay_minutes", "4"],
+     "--lr_decay_minutes must be a number of minutes above 0 and at most --max_train_minutes 3.0, got 4.0"),
+    (["--max_train_minutes", "3", "--lr_decay_minutes", "0"], "above 0 and at most --max_train_minutes 3.0, got 0.0"),
+])
+def test_a_learning_rate_decay_without_a_budget_to_end_at_is_refused(tmp_path, flags, message):
+    with pytest.raises(ValueError, match=re.escape(message)):
+        parse(TINY_RUN + ["--output_dir", str(tmp_path / "run"), *flags])
+
+
+def test_a_learning_rate_decay_on_another_scheduler_is_refused_before_anything_is_written(tmp_path):
+    arguments = TINY_RUN + ["--output_dir", str(tmp_path / "run"), "--lr_scheduler_type", "linear", "--learning_rate",
+                            "5e-4", "--max_train_minutes", "3", "--lr_decay_minutes", "2"]
+    with pytest.raises(ValueError, match="--lr_decay_minutes 2.0 anneals the Noam schedule, not --lr_scheduler_type linear"):
+        run(*parse(arguments))
+    assert not (tmp_path / "run").exists()
 
 
 @pytest.mark.parametrize("minutes", ["0", "-5", "nan", "inf"])

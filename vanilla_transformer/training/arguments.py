@@ -75,6 +75,10 @@ class RecipeArguments:
         "help": "Stop training cleanly once this many minutes have passed since it began (the step in progress "
                 "finishes and is saved as a checkpoint; averaging and evaluation follow), or at --max_steps, "
                 "whichever comes first."})
+    lr_decay_minutes: float | None = field(default=None, metadata={
+        "help": "With --max_train_minutes and the Noam schedule: over the budget's last this many minutes the "
+                "learning rate falls linearly to zero (the Noam rate times a ramp from 1 to 0, read from the "
+                "clock), so training ends annealed wherever the machine's speed has taken it."})
 
     def __post_init__(self):
         for name in ("pad_to_multiple_of", "tokens_per_step", "max_tokens_per_device", "average_last_checkpoints",
@@ -86,6 +90,13 @@ class RecipeArguments:
             raise ValueError(f"--noam_factor must be > 0, got {self.noam_factor!r}.")
         if self.max_train_minutes is not None and not 0 < self.max_train_minutes < float("inf"):
             raise ValueError(f"--max_train_minutes must be a positive number of minutes, got {self.max_train_minutes!r}.")
+        if self.lr_decay_minutes is not None:
+            if self.max_train_minutes is None:
+                raise ValueError(f"--lr_decay_minutes {self.lr_decay_minutes} ends the decay at the time budget: "
+                                 "give --max_train_minutes too.")
+            if not 0 < self.lr_decay_minutes <= self.max_train_minutes:
+                raise ValueError(f"--lr_decay_minutes must be a number of minutes above 0 and at most "
+                                 f"--max_train_minutes {self.max_train_minutes}, got {self.lr_decay_minutes!r}.")
         if self.tokens_per_step is not None and self.max_tokens_per_batch is not None:
             raise ValueError(f"Give --tokens_per_step (the batch per optimizer step, planned) or --max_tokens_per_batch "
                              f"(the budget per device batch), not both (got --tokens_per_step {self.tokens_per_step} "

@@ -43,11 +43,11 @@ def run(model_args: ModelArguments, data: DataArguments, recipe: RecipeArguments
     (enable_full_determinism if args.full_determinism else set_seed)(args.seed)
     model = build_model(model_args, recipe, tokenizer)
     train_set, eval_set, results = tokenize_splits(raw, tokenizer, data, args)
-    budget = [TrainingTimeBudget(recipe.max_train_minutes)] if recipe.max_train_minutes else []
+    budget = [TrainingTimeBudget(recipe.max_train_minutes, recipe.lr_decay_minutes)] if recipe.max_train_minutes else []
     trainer = build_trainer(model, tokenizer, train_set, eval_set, recipe, args, results, [*(callbacks or []), *budget])
     results["train"].update(train(trainer, args))
     if budget:
-        results["train"].update(max_train_minutes=recipe.max_train_minutes,
+        results["train"].update(max_train_minutes=recipe.max_train_minutes, lr_decay_minutes=recipe.lr_decay_minutes,
                                 stopped_by_time_budget_at_step=budget[0].stopped_at_step)
     if trainer.is_world_process_zero():
         results.update(finish_folder(trainer, tokenizer, raw, model_args, data, recipe, args, results))
@@ -157,6 +157,9 @@ def check_recipe_fits_the_run(recipe: RecipeArguments, args: TranslationTraining
     if recipe.tokens_per_step is not None and args.gradient_accumulation_steps != 1:
         raise ValueError(f"--tokens_per_step plans the accumulation itself; drop --gradient_accumulation_steps "
                          f"{args.gradient_accumulation_steps}.")
+    if recipe.lr_decay_minutes is not None and not args.noam:
+        raise ValueError(f"--lr_decay_minutes {recipe.lr_decay_minutes} anneals the Noam schedule, not --lr_scheduler_type "
+                         f"{args.lr_scheduler_type.value}: drop one of them (linear and cosine decay by steps).")
     wanted = recipe.average_last_checkpoints
     if not wanted:
         return

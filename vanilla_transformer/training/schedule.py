@@ -19,6 +19,9 @@ class NoamLambda:
     A callable object rather than a closure: `LambdaLR.state_dict()` stores an object's `__dict__`
     (and None for functions), so Trainer checkpoints carry the schedule's settings. On resume
     `load_state_dict` overwrites these attributes with the checkpointed ones.
+
+    `decay` (1.0) multiplies the rate: a time budget lowers it to anneal the run to zero at its end
+    (`TrainingTimeBudget`, --lr_decay_minutes).
     """
 
     def __init__(self, d_model, warmup_steps=4000, factor=1.0):
@@ -26,12 +29,13 @@ class NoamLambda:
         self.d_model = d_model
         self.warmup_steps = warmup_steps
         self.factor = factor
+        self.decay = 1.0
 
     def __call__(self, step):
         # LambdaLR asks for step 0 at construction and that value drives update #1, so shift by one:
         # update k (1-based) runs at the paper's lr(k), never at lr(0) = 0.
         s = step + 1
-        return self.factor * self.d_model**-0.5 * min(s**-0.5, s * self.warmup_steps**-1.5)
+        return self.decay * self.factor * self.d_model**-0.5 * min(s**-0.5, s * self.warmup_steps**-1.5)
 
 
 def noam_schedule(optimizer, d_model, warmup_steps=4000, factor=1.0):

@@ -117,25 +117,46 @@ class TrainingTimeBudget(TrainerCallback):
     """Stops training once `minutes` of wall-clock time have passed since it began: the step in progress ends and
     is saved as a checkpoint (where checkpoints are saved by steps), so what follows (averaging, evaluation) finds
     the newest weights. Every process stops at the same step: the slowest clock decides, through one all-reduce
-    of a flag a step (the only per-step read-back it adds, and only with several processes)."""
+    of the elapsed time a step (the only per-step read-back it adds, and only with several processes).
 
-    def __init__(self, minutes: float):
+    With `decay_minutes`, the Noam rate is multiplied by a ramp from 1 down to 0 over the budget's last
+    `decay_minutes`, read from the same clock: the run ends annealed at whichever step the machine reaches.
+    The scheduler fixes each update's rate one step ahead, so the ramp follows the clock a step late."""
+
+    def __init__(self, minutes: float, decay_minutes: float | None = None):
         self.seconds = 60 * minutes
+        self.decay_seconds = None if decay_minutes is None else 60 * decay_minutes
+        self.schedules = []
         self.started = None
         self.stopped_at_step = None
 
-    def on_train_begin(self, args, state, control, **kwargs):
+    def on_train_begin(self, args, state, control, lr_scheduler=None, **kwargs):
+        if self.decay_seconds is not None:
+            scheduler = getattr(lr_scheduler, "scheduler", lr_scheduler)  # under accelerate's wrapper, if any
+            self.schedules = list(getattr(scheduler, "lr_lambdas", []))
+            if not self.schedules or not all(isinstance(f, NoamLambda) for f in self.schedules):
+                raise ValueError(f"--lr_decay_minutes anneals the Noam schedule, but this run's scheduler is "
+                                 f"{type(scheduler).__name__}: use --lr_scheduler_type noam, or a transformers "
+                                 "schedule that decays by steps (linear, cosine) without --lr_decay_minutes.")
+            for schedule in self.schedules:
+                schedule.decay = 1.0  # a resumed run's budget starts again, as its clock does
         self.started = time.monotonic()
+        decaying = "" if self.decay_seconds is None else (
+            f", its learning rate falling linearly to zero over the last {self.decay_seconds / 60:.1f} minutes")
         logger.warning("Training stops after %.1f minutes or at step %d, whichever comes first (the progress bar "
-                       "counts steps).", self.seconds / 60, state.max_steps)
+                       "counts steps)%s.", self.seconds / 60, state.max_steps, decaying)
 
     def on_step_end(self, args, state, control, **kwargs):
-        spent = time.monotonic() - self.started >= self.seconds
+        elapsed = time.monotonic() - self.started
         if args.world_size > 1 and torch.distributed.is_initialized():
-            flag = torch.tensor(float(spent), device=args.device)
-            torch.distributed.all_reduce(flag, op=torch.distributed.ReduceOp.MAX)
-            spent = bool(flag.item())
-        if spent and not control.should_training_stop:
+            # Every process must also see the same ramp, or their learning rates (and weights) would drift apart.
+            clock = torch.tensor(elapsed, dtype=torch.float64, device=args.device)
+            torch.distributed.all_reduce(clock, op=torch.distributed.ReduceOp.MAX)
+            elapsed = clock.item()
+        if self.decay_seconds is not None:
+            for schedule in self.schedules:
+                schedule.decay = min(1.0, max(0.0, (self.seconds - elapsed) / self.decay_seconds))
+        if elapsed >= self.seconds and not control.should_training_stop:
             logger.warning("Stopping after step %d: the --max_train_minutes budget of %.1f minutes is spent.",
                            state.global_step, self.seconds / 60)
             self.stopped_at_step = state.global_step
