@@ -1,8 +1,8 @@
 #!/usr/bin/env python
 """BLEU of one saved model under the paper's GNMT length penalty and under transformers' |Y|^alpha.
 
-    python scripts/compare_beam_scoring.py --model demo_output/model                      # built-in test split
-    python scripts/compare_beam_scoring.py --model runs/multi30k \
+    python -m scripts.benchmarks.compare_beam_scoring --model demo_output/model                      # built-in test split
+    python -m scripts.benchmarks.compare_beam_scoring --model runs/multi30k \
         --source_file ../shared/data/multi30k/val.en --target_file ../shared/data/multi30k/val.de
 """
 

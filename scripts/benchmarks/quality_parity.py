@@ -22,7 +22,7 @@ The two runs can train side by side in two processes with one thread each (`para
 CPU that is faster than one after the other and both see the same machine load.
 
     python -m scripts.benchmarks.quality_parity                       # writes scripts/benchmarks/results/parity_*
-    python -m scripts.benchmarks.quality_parity --preset tiny --max_steps 50 --output_dir /tmp/p   # a smoke run
+    python -m scripts.benchmarks.quality_parity --preset tiny --max_steps 50 --save_steps 10 --output_dir /tmp/p   # a smoke run
 
 Skips (exit status 0, with the reason) where ../shared/data/multi30k is absent.
 """
