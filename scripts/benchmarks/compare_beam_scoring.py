@@ -1,7 +1,7 @@
 #!/usr/bin/env python
 """BLEU of one saved model under the paper's GNMT length penalty and under transformers' |Y|^alpha.
 
-    python -m scripts.benchmarks.compare_beam_scoring --model demo_output/model                      # built-in test split
+    python -m scripts.benchmarks.compare_beam_scoring --model demo_output/model   # built-in test split
     python -m scripts.benchmarks.compare_beam_scoring --model runs/multi30k \
         --source_file ../shared/data/multi30k/val.en --target_file ../shared/data/multi30k/val.de
 """
