@@ -174,6 +174,19 @@ def test_bad_config_overrides_are_named(tmp_path):
         run(*parsed)
 
 
+@pytest.mark.parametrize("override, message", [
+    ("dropout=0.3,label_smoothing=0.2", "label_smoothing=0.2, but --label_smoothing sets it: pass --label_smoothing 0.2"),
+    ("vocab_size=100", "vocab_size=100, but the tokenizer sets it"),
+    ("pad_token_id=3", "pad_token_id=3, but the tokenizer sets it"),
+])
+def test_config_overrides_of_fields_set_elsewhere_are_refused_before_anything_is_written(tmp_path, override, message):
+    """Such an override used to be silently replaced (label smoothing stayed 0.1)."""
+    parsed = parse(TINY_RUN + ["--output_dir", str(tmp_path / "run"), "--config_overrides", override])
+    with pytest.raises(ValueError, match=re.escape(message)):
+        run(*parsed)
+    assert not (tmp_path / "run").exists()
+
+
 def test_config_overrides_read_json_and_pythons_constants():
     from vanilla_transformer.training.run import parse_config_overrides
 

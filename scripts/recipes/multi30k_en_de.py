@@ -129,7 +129,7 @@ def main(argv=None) -> dict:
         *data_flags(parser, recipe), *precision_flags(recipe.precision, passthrough), *passthrough,
     ]
     model_args, data, recipe_args, args = parse_training_args(flags)
-    check_run_can_start(recipe_args, args)
+    check_run_can_start(model_args, recipe_args, args)
     results = run(model_args, data, recipe_args, args, callbacks=[WallClock(start)])
     if not args.should_save:  # the other processes of a distributed run: the main one writes the folder
         return results

@@ -175,7 +175,7 @@ def main(argv=None) -> dict | None:
     data = data_flags(recipe, output_dir)
     tokenizer_dir = recipe.tokenizer_dir or ROOT / "runs" / f"wmt14_en_de{suffix}_bpe{scale['vocab_size']}"
     parsed = parse_training_args([*training_flags(recipe, paper, scale, output_dir, tokenizer_dir), *data, *passthrough])
-    check_run_can_start(parsed[2], parsed[3])  # before the vocabulary or the data halves are written
+    check_run_can_start(parsed[0], parsed[2], parsed[3])  # before the vocabulary or the data halves are written
     if recipe.scale == "tiny" and "--dataset" not in data:
         write_val_halves(output_dir)
     shared_vocabulary(tokenizer_dir, parsed[1], scale["vocab_size"], scale["max_length"])

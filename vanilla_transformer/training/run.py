@@ -36,7 +36,7 @@ def run(model_args: ModelArguments, data: DataArguments, recipe: RecipeArguments
         args: TranslationTrainingArguments, callbacks: list | None = None) -> dict:
     """Train, evaluate BLEU on the test (else validation) split, save a Hub-ready folder; return the results.
     `callbacks`: TrainerCallbacks for the run's Trainer."""
-    check_run_can_start(recipe, args)
+    check_run_can_start(model_args, recipe, args)
     raw = load_raw_splits(data)
     tokenizer = build_tokenizer(model_args, raw["train"], data)
     # Seed before the weights are drawn: Trainer seeds only later, and every rank must start from the same model.
@@ -54,8 +54,9 @@ def run(model_args: ModelArguments, data: DataArguments, recipe: RecipeArguments
     return results
 
 
-def check_run_can_start(recipe: RecipeArguments, args: TranslationTrainingArguments):
+def check_run_can_start(model_args: ModelArguments, recipe: RecipeArguments, args: TranslationTrainingArguments):
     """Every refusal that needs no data: before a recipe writes anything (a vocabulary, data files) or trains."""
+    config_overrides(model_args)
     check_recipe_fits_the_run(recipe, args)
     check_output_dir_is_free(args)
 
@@ -119,8 +120,24 @@ def parse_config_overrides(text: str | None) -> dict:
     return overrides
 
 
+# Config fields that a flag or the tokenizer sets: given in --config_overrides they would be silently replaced.
+SET_ELSEWHERE = {"label_smoothing": "--label_smoothing sets it: pass --label_smoothing {value} instead",
+                 **{name: "the tokenizer sets it (--vocab_size sizes the one a run trains)"
+                    for name in ("vocab_size", "pad_token_id", "bos_token_id", "eos_token_id", "decoder_start_token_id")}}
+
+
+def config_overrides(model_args: ModelArguments) -> dict:
+    """`--config_overrides` parsed, refusing the fields that something else sets."""
+    overrides = parse_config_overrides(model_args.config_overrides)
+    clashing = sorted(overrides.keys() & SET_ELSEWHERE.keys())
+    if clashing:
+        name, value = clashing[0], overrides[clashing[0]]
+        raise ValueError(f"--config_overrides sets {name}={value!r}, but {SET_ELSEWHERE[name].format(value=value)}.")
+    return overrides
+
+
 def build_model(model_args: ModelArguments, recipe: RecipeArguments, tokenizer):
-    overrides = {**parse_config_overrides(model_args.config_overrides), "label_smoothing": recipe.label_smoothing}
+    overrides = {**config_overrides(model_args), "label_smoothing": recipe.label_smoothing}
     kwargs = {"attn_implementation": model_args.attn_implementation} if model_args.attn_implementation else {}
     if model_args.model_name_or_path is not None:
         # Passed to from_pretrained so they reach the modules (dropout rates), not only the config object.
