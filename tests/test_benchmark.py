@@ -383,6 +383,8 @@ def test_the_cpu_precision_benchmark_times_both_precisions_of_both_models(tmp_pa
     (dict(average_last_checkpoints=-1), r"--average_last_checkpoints must be 0 \(no averaging\) or more, got -1"),
     (dict(max_steps=300, save_steps=100, average_last_checkpoints=5),
      r"--average_last_checkpoints 5 needs that many checkpoints, but --max_steps 300 with --save_steps 100 writes 3"),
+    (dict(config_overrides="dropout=0.3,label_smoothing=0.2"),
+     r"--config_overrides sets label_smoothing=0.2, but --label_smoothing sets it"),
 ])
 def test_the_parity_run_refuses_settings_it_could_not_honour_before_preparing_anything(tmp_path, overrides, message):
     from scripts.benchmarks.quality_parity import ParitySettings, run_parity

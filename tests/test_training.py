@@ -180,7 +180,6 @@ def test_bad_config_overrides_are_named(tmp_path):
     ("pad_token_id=3", "pad_token_id=3, but the tokenizer sets it"),
 ])
 def test_config_overrides_of_fields_set_elsewhere_are_refused_before_anything_is_written(tmp_path, override, message):
-    """Such an override used to be silently replaced (label smoothing stayed 0.1)."""
     parsed = parse(TINY_RUN + ["--output_dir", str(tmp_path / "run"), "--config_overrides", override])
     with pytest.raises(ValueError, match=re.escape(message)):
         run(*parsed)

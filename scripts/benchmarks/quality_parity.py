@@ -271,6 +271,7 @@ def prepare(settings: ParitySettings) -> dict:
 
 def check_settings(settings: ParitySettings):
     """Refuse, before any data is prepared, what would fail or silently differ after the trainings."""
+    parse_config_overrides(settings.config_overrides)
     if settings.precision not in PRECISIONS:
         raise ValueError(f"--precision must be one of {PRECISIONS}, got {settings.precision!r}.")
     if settings.average_last_checkpoints < 0:

@@ -56,7 +56,7 @@ def run(model_args: ModelArguments, data: DataArguments, recipe: RecipeArguments
 
 def check_run_can_start(model_args: ModelArguments, recipe: RecipeArguments, args: TranslationTrainingArguments):
     """Every refusal that needs no data: before a recipe writes anything (a vocabulary, data files) or trains."""
-    config_overrides(model_args)
+    parse_config_overrides(model_args.config_overrides)
     check_recipe_fits_the_run(recipe, args)
     check_output_dir_is_free(args)
 
@@ -104,8 +104,15 @@ def build_tokenizer(model_args: ModelArguments, train_split, data: DataArguments
         data.max_source_length, data.max_target_length))
 
 
+# Config fields that a flag or the tokenizer sets: given in --config_overrides they would be silently replaced.
+SET_ELSEWHERE = {"label_smoothing": "--label_smoothing sets it: pass --label_smoothing {value} instead",
+                 **{name: "the tokenizer sets it (--vocab_size sizes the one a run trains)"
+                    for name in ("vocab_size", "pad_token_id", "bos_token_id", "eos_token_id", "decoder_start_token_id")}}
+
+
 def parse_config_overrides(text: str | None) -> dict:
-    """`--config_overrides`' "field=value,field=value" as a dict of JSON (or Python-constant) values."""
+    """`--config_overrides`' "field=value,field=value" as a dict of JSON (or Python-constant) values; the fields
+    that something else sets are refused."""
     overrides = {}
     for item in filter(None, (text or "").split(",")):
         name, sep, value = item.partition("=")
@@ -117,18 +124,6 @@ def parse_config_overrides(text: str | None) -> dict:
             overrides[name.strip()] = python_constants[value] if value in python_constants else json.loads(value)
         except json.JSONDecodeError:
             overrides[name.strip()] = value
-    return overrides
-
-
-# Config fields that a flag or the tokenizer sets: given in --config_overrides they would be silently replaced.
-SET_ELSEWHERE = {"label_smoothing": "--label_smoothing sets it: pass --label_smoothing {value} instead",
-                 **{name: "the tokenizer sets it (--vocab_size sizes the one a run trains)"
-                    for name in ("vocab_size", "pad_token_id", "bos_token_id", "eos_token_id", "decoder_start_token_id")}}
-
-
-def config_overrides(model_args: ModelArguments) -> dict:
-    """`--config_overrides` parsed, refusing the fields that something else sets."""
-    overrides = parse_config_overrides(model_args.config_overrides)
     clashing = sorted(overrides.keys() & SET_ELSEWHERE.keys())
     if clashing:
         name, value = clashing[0], overrides[clashing[0]]
@@ -137,7 +132,7 @@ def config_overrides(model_args: ModelArguments) -> dict:
 
 
 def build_model(model_args: ModelArguments, recipe: RecipeArguments, tokenizer):
-    overrides = {**config_overrides(model_args), "label_smoothing": recipe.label_smoothing}
+    overrides = {**parse_config_overrides(model_args.config_overrides), "label_smoothing": recipe.label_smoothing}
     kwargs = {"attn_implementation": model_args.attn_implementation} if model_args.attn_implementation else {}
     if model_args.model_name_or_path is not None:
         # Passed to from_pretrained so they reach the modules (dropout rates), not only the config object.
