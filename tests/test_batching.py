@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 import torch
 from datasets import Dataset
-from transformers import DataCollatorForSeq2Seq
+from transformers import DataCollatorForSeq2Seq, Seq2SeqTrainer
 
 from conftest import VOCAB, tiny_model, tiny_tokenizer
 from vanilla_transformer.data import batching
@@ -273,3 +273,47 @@ def test_the_planned_batch_holds_the_asked_tokens_per_step_whatever_the_number_o
     assert "accumulation steps" in str(plan)
     with pytest.raises(ValueError, match="cannot be shared by world_size=30000 processes"):
         batching.plan_token_batches(25_000, 30_000, 12_000, source, target)
+
+
+def test_token_dropout_replaces_only_the_inputs_real_tokens_by_unk_in_training(tmp_path, monkeypatch):
+    model, tokenizer, dataset = tiny_model(), tiny_tokenizer(), tokenized_split(n=64)
+    args = TranslationTrainingArguments(output_dir=str(tmp_path), report_to="none", use_cpu=True,
+                                        generation_num_beams=None)
+    trainer = PaperTrainer(model=model, args=args, train_dataset=dataset, max_tokens_per_batch=2000,
+                           processing_class=tokenizer, token_dropout=0.3,
+                           data_collator=TranslationDataCollator(tokenizer, model=model, label_pad_token_id=-100))
+    batch = next(iter(trainer.get_train_dataloader()))
+    torch.manual_seed(0)
+    dropped = trainer.drop_tokens(batch)
+    assert torch.equal(dropped["labels"], batch["labels"]) and torch.equal(dropped["attention_mask"],
+                                                                           batch["attention_mask"])
+    unk, special = tokenizer.unk_token_id, torch.tensor(tokenizer.all_special_ids)
+    for name in ("input_ids", "decoder_input_ids"):
+        before, after = batch[name], dropped[name]
+        changed = before != after
+        assert (after[changed] == unk).all()
+        assert not torch.isin(before[changed], special).any()  # pad, bos, eos stay
+        rate = changed.sum() / (~torch.isin(before, special)).sum()
+        assert 0.2 < rate < 0.4, (name, rate)
+    # Applied in training_step, which evaluation does not call; off by default.
+    seen = []
+    monkeypatch.setattr(Seq2SeqTrainer, "training_step", lambda self, model, inputs, items=None: seen.append(inputs))
+    trainer.training_step(model, batch)
+    PaperTrainer(model=model, args=args, processing_class=tokenizer).training_step(model, batch)
+    assert (seen[0]["input_ids"] == unk).any() and (seen[0]["decoder_input_ids"] == unk).any()
+    assert seen[1] is batch
+
+
+def test_token_dropout_without_an_unknown_token_is_refused(tmp_path):
+    tokenizer = tiny_tokenizer()
+    tokenizer.unk_token = None
+    args = TranslationTrainingArguments(output_dir=str(tmp_path), report_to="none", use_cpu=True)
+    with pytest.raises(ValueError, match="--token_dropout 0.1 replaces tokens by the tokenizer's unknown token"):
+        PaperTrainer(model=tiny_model(), args=args, processing_class=tokenizer, token_dropout=0.1)
+
+
+@pytest.mark.parametrize("value", ["1.0", "-0.1", "nan"])
+def test_a_token_dropout_that_is_not_a_probability_is_refused(value):
+    from vanilla_transformer.training import parse_training_args
+    with pytest.raises(ValueError, match=f"--token_dropout must be a probability in \\[0, 1\\), got {value}"):
+        parse_training_args(["--output_dir", "unused", "--token_dropout", value])

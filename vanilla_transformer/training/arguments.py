@@ -75,6 +75,10 @@ class RecipeArguments:
         "help": "Stop training cleanly once this many minutes have passed since it began (the step in progress "
                 "finishes and is saved as a checkpoint; averaging and evaluation follow), or at --max_steps, "
                 "whichever comes first."})
+    token_dropout: float = field(default=0.0, metadata={
+        "help": "Training only: each source token and each target token the decoder reads (not the labels) is "
+                "replaced by the unknown token with this probability (word dropout on subwords, Sennrich & Zhang "
+                "2019)."})
     lr_decay_minutes: float | None = field(default=None, metadata={
         "help": "With --max_train_minutes and the Noam schedule: over the budget's last this many minutes the "
                 "learning rate falls linearly to zero (the Noam rate times a ramp from 1 to 0, read from the "
@@ -88,6 +92,8 @@ class RecipeArguments:
                 raise ValueError(f"--{name} must be a positive int, got {value!r}.")
         if not self.noam_factor > 0:
             raise ValueError(f"--noam_factor must be > 0, got {self.noam_factor!r}.")
+        if not 0 <= self.token_dropout < 1:
+            raise ValueError(f"--token_dropout must be a probability in [0, 1), got {self.token_dropout!r}.")
         if self.max_train_minutes is not None and not 0 < self.max_train_minutes < float("inf"):
             raise ValueError(f"--max_train_minutes must be a positive number of minutes, got {self.max_train_minutes!r}.")
         if self.lr_decay_minutes is not None:

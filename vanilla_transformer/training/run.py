@@ -251,7 +251,7 @@ def build_trainer(model, tokenizer, train_set, eval_set, recipe: RecipeArguments
         compute_metrics=metrics.build_compute_metrics(tokenizer),
         noam_schedule=NoamLambda(model.config.d_model, recipe.noam_warmup_steps, recipe.noam_factor)
         if args.noam else None,
-        max_tokens_per_batch=max_tokens_per_batch, callbacks=callbacks,
+        max_tokens_per_batch=max_tokens_per_batch, token_dropout=recipe.token_dropout, callbacks=callbacks,
     )
 
 

@@ -24,10 +24,14 @@ class PaperTrainer(Seq2SeqTrainer):
     """
 
     def __init__(self, *args, noam_schedule: NoamLambda | None = None, max_tokens_per_batch: int | None = None,
-                 **kwargs):
+                 token_dropout: float = 0.0, **kwargs):
         super().__init__(*args, **kwargs)
         self.noam_schedule = noam_schedule
         self.max_tokens_per_batch = max_tokens_per_batch
+        self.token_dropout = token_dropout
+        if token_dropout and getattr(self.processing_class, "unk_token_id", None) is None:
+            raise ValueError(f"--token_dropout {token_dropout} replaces tokens by the tokenizer's unknown token, but "
+                             f"this tokenizer ({type(self.processing_class).__name__}) has none.")
         chose_another = isinstance(self.args, TranslationTrainingArguments) and not self.args.noam
         if noam_schedule is None and chose_another and self.args.learning_rate == 1.0:
             raise ValueError(f"--lr_scheduler_type {self.args.lr_scheduler_type.value} takes its rate from "
@@ -93,6 +97,26 @@ class PaperTrainer(Seq2SeqTrainer):
             # which Trainer reaches only this one: it must pass the epoch on, or the epoch replays epoch 0's order.
             wrapper.set_epoch = sampler.set_epoch
         return loader
+
+    def training_step(self, model, inputs, num_items_in_batch=None):
+        if self.token_dropout:
+            inputs = self.drop_tokens(inputs)
+        return super().training_step(model, inputs, num_items_in_batch)
+
+    def drop_tokens(self, inputs: dict) -> dict:
+        """Word dropout on subwords (Sennrich & Zhang, 2019): each source token and each target token the decoder
+        reads is replaced by the unknown token with probability `token_dropout`; the labels it predicts stay, and
+        so do special tokens and padding. Training only: evaluation's batches never pass through here."""
+        tokenizer = self.processing_class
+        dropped = dict(inputs)
+        for name in ("input_ids", "decoder_input_ids"):
+            ids = inputs.get(name)
+            if ids is None:
+                continue
+            special = torch.tensor(tokenizer.all_special_ids, device=ids.device)
+            drop = (torch.rand(ids.shape, device=ids.device) < self.token_dropout) & ~torch.isin(ids, special)
+            dropped[name] = ids.masked_fill(drop, tokenizer.unk_token_id)
+        return dropped
 
     def prediction_step(self, model, inputs, prediction_loss_only, ignore_keys=None, **gen_kwargs):
         # Seq2SeqTrainer fills the model's generation config with transformers' global defaults (max_length 20,
