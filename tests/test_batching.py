@@ -302,14 +302,20 @@ def test_token_dropout_replaces_only_the_inputs_real_tokens_by_unk_in_training(t
     PaperTrainer(model=model, args=args, processing_class=tokenizer).training_step(model, batch)
     assert (seen[0]["input_ids"] == unk).any() and (seen[0]["decoder_input_ids"] == unk).any()
     assert seen[1] is batch
+    # A collator that leaves the decoder's input to the model: the shifted labels are dropped all the same.
+    no_decoder_input = {k: v for k, v in batch.items() if k != "decoder_input_ids"}
+    dropped = trainer.drop_tokens(no_decoder_input)
+    kept = dropped["decoder_input_ids"] != unk
+    assert torch.equal(dropped["decoder_input_ids"][kept], batch["decoder_input_ids"][kept]) and not kept.all()
 
 
 def test_token_dropout_without_an_unknown_token_is_refused(tmp_path):
     tokenizer = tiny_tokenizer()
     tokenizer.unk_token = None
-    args = TranslationTrainingArguments(output_dir=str(tmp_path), report_to="none", use_cpu=True)
+    args = TranslationTrainingArguments(output_dir=str(tmp_path / "run"), report_to="none", use_cpu=True)
     with pytest.raises(ValueError, match="--token_dropout 0.1 replaces tokens by the tokenizer's unknown token"):
         PaperTrainer(model=tiny_model(), args=args, processing_class=tokenizer, token_dropout=0.1)
+    assert not (tmp_path / "run").exists()
 
 
 @pytest.mark.parametrize("value", ["1.0", "-0.1", "nan"])

@@ -25,13 +25,14 @@ class PaperTrainer(Seq2SeqTrainer):
 
     def __init__(self, *args, noam_schedule: NoamLambda | None = None, max_tokens_per_batch: int | None = None,
                  token_dropout: float = 0.0, **kwargs):
+        tokenizer = kwargs.get("processing_class")
+        if token_dropout and getattr(tokenizer, "unk_token_id", None) is None:  # before Trainer creates output_dir
+            raise ValueError(f"--token_dropout {token_dropout} replaces tokens by the tokenizer's unknown token, but "
+                             f"this tokenizer ({type(tokenizer).__name__}) has none.")
         super().__init__(*args, **kwargs)
         self.noam_schedule = noam_schedule
         self.max_tokens_per_batch = max_tokens_per_batch
         self.token_dropout = token_dropout
-        if token_dropout and getattr(self.processing_class, "unk_token_id", None) is None:
-            raise ValueError(f"--token_dropout {token_dropout} replaces tokens by the tokenizer's unknown token, but "
-                             f"this tokenizer ({type(self.processing_class).__name__}) has none.")
         chose_another = isinstance(self.args, TranslationTrainingArguments) and not self.args.noam
         if noam_schedule is None and chose_another and self.args.learning_rate == 1.0:
             raise ValueError(f"--lr_scheduler_type {self.args.lr_scheduler_type.value} takes its rate from "
@@ -109,8 +110,12 @@ class PaperTrainer(Seq2SeqTrainer):
         so do special tokens and padding. Training only: evaluation's batches never pass through here."""
         tokenizer = self.processing_class
         dropped = dict(inputs)
+        if "decoder_input_ids" not in inputs and "labels" in inputs:
+            # The model would shift the labels into the decoder's input itself, past this point: shift them here.
+            model = self.accelerator.unwrap_model(self.model)
+            dropped["decoder_input_ids"] = model.prepare_decoder_input_ids_from_labels(labels=inputs["labels"])
         for name in ("input_ids", "decoder_input_ids"):
-            ids = inputs.get(name)
+            ids = dropped.get(name)
             if ids is None:
                 continue
             special = torch.tensor(tokenizer.all_special_ids, device=ids.device)
