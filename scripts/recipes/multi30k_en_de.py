@@ -38,6 +38,7 @@ logger = logging.getLogger("multi30k_en_de")
 # are spent, so a fast CPU trains longer and a slow one still ends in time. max_steps is only a ceiling.
 RECIPE = dict(preset="small", vocab_size=6000, max_tokens_per_batch=2000, noam_warmup_steps=400, noam_factor=0.5,
               minutes=60, max_steps=50_000, save_steps=100, average_last_checkpoints=5, eval_steps=1000,
+              length_penalty=1.0,
               config_overrides="dropout=0.3,attention_dropout=0.1,activation_dropout=0.0")
 # Kept from --minutes for what is not training: the vocabulary and data before it; averaging, saving and the beam
 # search over the validation set after it; and each held-out set given.
@@ -123,6 +124,7 @@ def main(argv=None) -> dict:
         "--save_strategy", "steps", "--save_steps", str(RECIPE["save_steps"]),
         "--save_total_limit", str(RECIPE["average_last_checkpoints"]),
         "--average_last_checkpoints", str(RECIPE["average_last_checkpoints"]),
+        "--length_penalty", str(RECIPE["length_penalty"]),
         # During training a greedy pass over the validation set draws the curve; the final model decodes with beam.
         "--eval_strategy", "steps", "--eval_steps", str(RECIPE["eval_steps"]), "--generation_num_beams", "1",
         "--per_device_eval_batch_size", "128", "--logging_steps", "25", "--report_to", "none",

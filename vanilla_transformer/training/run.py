@@ -138,8 +138,15 @@ def build_model(model_args: ModelArguments, recipe: RecipeArguments, tokenizer):
         # Passed to from_pretrained so they reach the modules (dropout rates), not only the config object.
         # The checkpoint's own generation config comes with it.
         model = AutoModelForSeq2SeqLM.from_pretrained(model_args.model_name_or_path, **overrides, **kwargs)
-        check_vocabulary(model, tokenizer, model_args)
-        return model
+    else:
+        model = new_model(model_args, overrides, tokenizer, kwargs)
+    if recipe.length_penalty is not None:
+        model.generation_config.length_penalty = recipe.length_penalty
+    check_vocabulary(model, tokenizer, model_args)
+    return model
+
+
+def new_model(model_args: ModelArguments, overrides: dict, tokenizer, kwargs: dict):
     special = dict(pad_token_id=tokenizer.pad_token_id, bos_token_id=tokenizer.bos_token_id,
                    eos_token_id=tokenizer.eos_token_id, decoder_start_token_id=tokenizer.bos_token_id)
     if model_args.config_file is not None:
@@ -150,7 +157,6 @@ def build_model(model_args: ModelArguments, recipe: RecipeArguments, tokenizer):
                                                       **overrides)
     model = VanillaTransformerForConditionalGeneration._from_config(config, **kwargs)
     model.generation_config = paper_generation_config(config)  # §6.1, saved with the trained model
-    check_vocabulary(model, tokenizer, model_args)
     return model
 
 
