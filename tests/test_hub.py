@@ -12,10 +12,12 @@ import huggingface_hub
 import pytest
 import torch
 from huggingface_hub.errors import HfHubHTTPError
+from transformers import AutoModelForSeq2SeqLM
 from test_pipeline import SOURCES, toy_translator
 
 from conftest import run_without_the_package
 from vanilla_transformer.tools.hub import (
+    add_translation_pipeline,
     check_hub_folder,
     missing_hub_files,
     resolve_token,
@@ -262,3 +264,14 @@ def test_staging_adds_the_pipeline_to_a_plain_save_pretrained_folder(tmp_path):
                                                              "dataset_name": None})
     assert files == SAVED_FILES
     assert not (plain / "pipeline_vanilla_transformer.py").exists()
+
+
+def test_a_model_loaded_from_one_of_our_folders_and_saved_plainly_gets_its_pipeline_file_back(tmp_path):
+    model, tokenizer = toy_translator()
+    save_for_hub(model, tokenizer, tmp_path / "ours")
+    reloaded = AutoModelForSeq2SeqLM.from_pretrained(tmp_path / "ours")  # its config names the pipeline
+    reloaded.save_pretrained(tmp_path / "plain")  # as Trainer saves a fine-tuned model: no pipeline file
+    tokenizer.save_pretrained(tmp_path / "plain")
+    assert missing_hub_files(tmp_path / "plain") == ["pipeline_vanilla_transformer.py"]
+    add_translation_pipeline(tmp_path / "plain")
+    assert missing_hub_files(tmp_path / "plain") == []

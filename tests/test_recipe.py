@@ -192,6 +192,7 @@ def test_the_multi30k_recipe_ends_in_an_averaged_scored_folder_that_translate_py
     torch.testing.assert_close(averaged.state_dict()[name], expected, atol=1e-7, rtol=0)
     # All validation sentences with beam search, and the held-out pair, each scored from its saved translations.
     assert saved["validation"]["num_sentences"] == 12 and averaged.generation_config.num_beams == 4
+    assert averaged.generation_config.length_penalty == 1.0  # the recipe's alpha, chosen on validation
     validation = (output / "validation_translations.txt").read_text(encoding="utf-8").splitlines()
     references = (corpus / "val.de").read_text(encoding="utf-8").splitlines()
     expected = corpus_scores(validation, references)

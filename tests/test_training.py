@@ -78,6 +78,26 @@ def test_checkpoints_saved_after_a_generating_evaluation_keep_the_models_generat
         assert "max_length" not in saved and saved == final and saved["num_beams"] == 4
 
 
+def test_length_penalty_is_saved_for_a_new_model_and_replaces_a_checkpoints_own_only_when_given(tmp_path):
+    def trained(name, *flags):
+        arguments = TINY_RUN + ["--output_dir", str(tmp_path / name), "--max_eval_samples", "2", *flags]
+        arguments[arguments.index("--max_steps") + 1] = "2"
+        run(*parse(arguments))
+        return json.loads((tmp_path / name / "generation_config.json").read_text())
+
+    new = trained("new", "--length_penalty", "1.0")
+    assert (new["length_penalty"], new["length_penalty_type"], new["num_beams"]) == (1.0, "gnmt", 4)
+    assert trained("kept", "--model_name_or_path", str(tmp_path / "new"))["length_penalty"] == 1.0
+    assert trained("replaced", "--model_name_or_path", str(tmp_path / "new"), "--length_penalty", "0.2")[
+        "length_penalty"] == 0.2
+
+
+@pytest.mark.parametrize("value", ["nan", "inf"])
+def test_a_length_penalty_that_is_not_a_finite_number_is_refused(tmp_path, value):
+    with pytest.raises(ValueError, match=f"--length_penalty must be a finite number \\(the GNMT alpha\\), got {value}"):
+        parse(TINY_RUN + ["--output_dir", str(tmp_path / "run"), "--length_penalty", value])
+
+
 def test_a_time_budget_stops_training_cleanly_with_a_checkpoint_of_the_last_step(tmp_path, monkeypatch, caplog):
     clock = iter(range(0, 10_000, 60))  # a minute passes between two readings of the clock
     monkeypatch.setattr("vanilla_transformer.training.trainer.time.monotonic", lambda: next(clock))

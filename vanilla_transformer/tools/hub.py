@@ -120,17 +120,21 @@ def check_hub_folder(folder: str | os.PathLike) -> list[str]:
 
 
 def add_translation_pipeline(folder: str | os.PathLike):
-    """Register the translation pipeline in a folder of ours saved without it (plain save_pretrained)."""
+    """Register the translation pipeline in a folder of ours saved without it (plain save_pretrained), and copy its
+    file where config.json names it already (a model loaded from one of our folders carries the entry, not the file)."""
     folder = Path(folder)
     config_file = folder / "config.json"
     if not config_file.is_file():
         return
     config = json.loads(config_file.read_text(encoding="utf-8"))
-    if config.get("model_type") != "vanilla_transformer" or config.get("custom_pipelines"):
+    if config.get("model_type") != "vanilla_transformer":
         return
-    config["custom_pipelines"] = CUSTOM_PIPELINES
-    config_file.write_text(json.dumps(config, indent=2, sort_keys=True) + "\n", encoding="utf-8")
-    shutil.copyfile(PIPELINE_FILE, folder / PIPELINE_FILE.name)
+    if not config.get("custom_pipelines"):
+        config["custom_pipelines"] = CUSTOM_PIPELINES
+        config_file.write_text(json.dumps(config, indent=2, sort_keys=True) + "\n", encoding="utf-8")
+    ours = CUSTOM_PIPELINES[TASK]["impl"]
+    if any(task.get("impl") == ours for task in config["custom_pipelines"].values()):
+        shutil.copyfile(PIPELINE_FILE, folder / PIPELINE_FILE.name)
 
 
 def stage_for_hub(model_dir: str | os.PathLike, staging_dir: str | os.PathLike,
