@@ -5,6 +5,7 @@ import logging
 import math
 import re
 import runpy
+import shutil
 import sys
 from pathlib import Path
 
@@ -79,22 +80,45 @@ def test_checkpoints_saved_after_a_generating_evaluation_keep_the_models_generat
 
 
 def test_length_penalty_is_saved_for_a_new_model_and_replaces_a_checkpoints_own_only_when_given(tmp_path):
-    def trained(name, *flags):
+    def trained(name, *flags, steps=2):
         arguments = TINY_RUN + ["--output_dir", str(tmp_path / name), "--max_eval_samples", "2", *flags]
-        arguments[arguments.index("--max_steps") + 1] = "2"
-        run(*parse(arguments))
+        for flag, value in (("--max_steps", str(steps)), ("--save_strategy", "steps")):
+            arguments[arguments.index(flag) + 1] = value
+        run(*parse(arguments + ["--save_steps", "2"]))
         return json.loads((tmp_path / name / "generation_config.json").read_text())
 
     new = trained("new", "--length_penalty", "1.0")
     assert (new["length_penalty"], new["length_penalty_type"], new["num_beams"]) == (1.0, "gnmt", 4)
+    assert json.loads((tmp_path / "new" / "checkpoint-2" / "generation_config.json").read_text()) == new
     assert trained("kept", "--model_name_or_path", str(tmp_path / "new"))["length_penalty"] == 1.0
     assert trained("replaced", "--model_name_or_path", str(tmp_path / "new"), "--length_penalty", "0.2")[
         "length_penalty"] == 0.2
+    # A resumed run decodes as the run it continues, not with a new model's 0.6.
+    assert trained("new", "--resume_from_checkpoint", "true", steps=4)["length_penalty"] == 1.0
+
+    greedy = tmp_path / "greedy"
+    shutil.copytree(tmp_path / "new", greedy, ignore=shutil.ignore_patterns("checkpoint-*"))
+    (greedy / "generation_config.json").write_text(json.dumps({**new, "num_beams": 1, "length_penalty": 1.0}))
+    with pytest.raises(ValueError, match=r"--length_penalty 0.6 cannot apply to this model's decoding \(num_beams 1\)"):
+        trained("refused", "--model_name_or_path", str(greedy), "--length_penalty", "0.6")
+    assert not (tmp_path / "refused").exists()
+
+
+def test_the_last_length_penalty_given_wins_and_one_beside_a_generation_config_file_is_refused(tmp_path):
+    # The recipes put a user's flags after their own.
+    assert parse(TINY_RUN + ["--output_dir", "unused", "--length_penalty", "1.0", "--length_penalty", "0.6"])[
+        2].length_penalty == 0.6
+    arguments = TINY_RUN + ["--output_dir", str(tmp_path / "run"), "--length_penalty", "1.0",
+                            "--generation_config", str(tmp_path / "generation_config.json")]
+    with pytest.raises(ValueError, match="--length_penalty 1.0 and --generation_config .* both set the trained model's"):
+        run(*parse(arguments))
+    assert not (tmp_path / "run").exists()
 
 
 @pytest.mark.parametrize("value", ["nan", "inf"])
 def test_a_length_penalty_that_is_not_a_finite_number_is_refused(tmp_path, value):
-    with pytest.raises(ValueError, match=f"--length_penalty must be a finite number \\(the GNMT alpha\\), got {value}"):
+    message = f"--length_penalty must be a finite number \\(the length penalty.s alpha\\), got {value}"
+    with pytest.raises(ValueError, match=message):
         parse(TINY_RUN + ["--output_dir", str(tmp_path / "run"), "--length_penalty", value])
 
 

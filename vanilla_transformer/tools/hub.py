@@ -133,7 +133,8 @@ def add_translation_pipeline(folder: str | os.PathLike):
         config["custom_pipelines"] = CUSTOM_PIPELINES
         config_file.write_text(json.dumps(config, indent=2, sort_keys=True) + "\n", encoding="utf-8")
     ours = CUSTOM_PIPELINES[TASK]["impl"]
-    if any(task.get("impl") == ours for task in config["custom_pipelines"].values()):
+    if any(task.get("impl") == ours for task in config["custom_pipelines"].values()) and not (
+            folder / PIPELINE_FILE.name).is_file():
         shutil.copyfile(PIPELINE_FILE, folder / PIPELINE_FILE.name)
 
 

@@ -80,9 +80,10 @@ class RecipeArguments:
                 "replaced by the unknown token with this probability (word dropout on subwords, Sennrich & Zhang "
                 "2019)."})
     length_penalty: float | None = field(default=None, metadata={
-        "help": "The alpha of the GNMT length penalty in the trained model's generation_config.json, which the final "
-                "beam-search evaluation and every later generate() use (default: the paper's 0.6 for a new model, "
-                "a checkpoint's own for --model_name_or_path)."})
+        "help": "The alpha of the length penalty (GNMT's for this package's models) in the trained model's "
+                "generation_config.json, which the final beam-search evaluation and every later generate() use "
+                "(default: the paper's 0.6 for a new model; the checkpoint's own for --model_name_or_path and "
+                "--resume_from_checkpoint)."})
     lr_decay_minutes: float | None = field(default=None, metadata={
         "help": "With --max_train_minutes and the Noam schedule: over the budget's last this many minutes the "
                 "learning rate falls linearly to zero (the Noam rate times a ramp from 1 to 0, read from the "
@@ -99,7 +100,8 @@ class RecipeArguments:
         if not 0 <= self.token_dropout < 1:
             raise ValueError(f"--token_dropout must be a probability in [0, 1), got {self.token_dropout!r}.")
         if self.length_penalty is not None and not abs(self.length_penalty) < float("inf"):
-            raise ValueError(f"--length_penalty must be a finite number (the GNMT alpha), got {self.length_penalty!r}.")
+            raise ValueError(f"--length_penalty must be a finite number (the length penalty's alpha), "
+                             f"got {self.length_penalty!r}.")
         if self.max_train_minutes is not None and not 0 < self.max_train_minutes < float("inf"):
             raise ValueError(f"--max_train_minutes must be a positive number of minutes, got {self.max_train_minutes!r}.")
         if self.lr_decay_minutes is not None:

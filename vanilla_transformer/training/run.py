@@ -11,7 +11,8 @@ from dataclasses import asdict
 from pathlib import Path
 
 from datasets import DatasetDict
-from transformers import AutoModelForSeq2SeqLM, AutoTokenizer, enable_full_determinism, set_seed
+from transformers import AutoModelForSeq2SeqLM, AutoTokenizer, GenerationConfig, enable_full_determinism, set_seed
+from transformers.utils import GENERATION_CONFIG_NAME
 
 from ..configuration_vanilla_transformer import VanillaTransformerConfig, paper_generation_config
 from ..data.batching import TranslationDataCollator, example_lengths, plan_token_batches
@@ -41,11 +42,12 @@ def run(model_args: ModelArguments, data: DataArguments, recipe: RecipeArguments
     tokenizer = build_tokenizer(model_args, raw["train"], data)
     # Seed before the weights are drawn: Trainer seeds only later, and every rank must start from the same model.
     (enable_full_determinism if args.full_determinism else set_seed)(args.seed)
-    model = build_model(model_args, recipe, tokenizer)
+    checkpoint = resolve_checkpoint(args.resume_from_checkpoint, args.output_dir, args.world_size)
+    model = build_model(model_args, recipe, tokenizer, resumed_from=checkpoint)
     train_set, eval_set, results = tokenize_splits(raw, tokenizer, data, args)
     budget = [TrainingTimeBudget(recipe.max_train_minutes, recipe.lr_decay_minutes)] if recipe.max_train_minutes else []
     trainer = build_trainer(model, tokenizer, train_set, eval_set, recipe, args, results, [*(callbacks or []), *budget])
-    results["train"].update(train(trainer, args))
+    results["train"].update(train(trainer, args, checkpoint))
     if budget:
         results["train"].update(max_train_minutes=recipe.max_train_minutes, lr_decay_minutes=recipe.lr_decay_minutes,
                                 stopped_by_time_budget_at_step=budget[0].stopped_at_step)
@@ -131,7 +133,9 @@ def parse_config_overrides(text: str | None) -> dict:
     return overrides
 
 
-def build_model(model_args: ModelArguments, recipe: RecipeArguments, tokenizer):
+def build_model(model_args: ModelArguments, recipe: RecipeArguments, tokenizer, resumed_from: str | None = None):
+    """The model to train; a resumed run decodes as the run it continues (its checkpoint's generation config), and
+    --length_penalty, where given, replaces the alpha."""
     overrides = {**parse_config_overrides(model_args.config_overrides), "label_smoothing": recipe.label_smoothing}
     kwargs = {"attn_implementation": model_args.attn_implementation} if model_args.attn_implementation else {}
     if model_args.model_name_or_path is not None:
@@ -139,14 +143,21 @@ def build_model(model_args: ModelArguments, recipe: RecipeArguments, tokenizer):
         # The checkpoint's own generation config comes with it.
         model = AutoModelForSeq2SeqLM.from_pretrained(model_args.model_name_or_path, **overrides, **kwargs)
     else:
-        model = new_model(model_args, overrides, tokenizer, kwargs)
+        model = paper_model(model_args, overrides, tokenizer, kwargs)
+    if resumed_from is not None and (Path(resumed_from) / GENERATION_CONFIG_NAME).is_file():
+        model.generation_config = GenerationConfig.from_pretrained(resumed_from)
     if recipe.length_penalty is not None:
         model.generation_config.length_penalty = recipe.length_penalty
+        try:  # transformers refuses to save it later, after training, otherwise
+            model.generation_config.validate(strict=True)
+        except ValueError as error:
+            raise ValueError(f"--length_penalty {recipe.length_penalty} cannot apply to this model's decoding "
+                             f"(num_beams {model.generation_config.num_beams}): {error}") from None
     check_vocabulary(model, tokenizer, model_args)
     return model
 
 
-def new_model(model_args: ModelArguments, overrides: dict, tokenizer, kwargs: dict):
+def paper_model(model_args: ModelArguments, overrides: dict, tokenizer, kwargs: dict):
     special = dict(pad_token_id=tokenizer.pad_token_id, bos_token_id=tokenizer.bos_token_id,
                    eos_token_id=tokenizer.eos_token_id, decoder_start_token_id=tokenizer.bos_token_id)
     if model_args.config_file is not None:
@@ -175,6 +186,11 @@ def check_recipe_fits_the_run(recipe: RecipeArguments, args: TranslationTraining
     if recipe.tokens_per_step is not None and args.gradient_accumulation_steps != 1:
         raise ValueError(f"--tokens_per_step plans the accumulation itself; drop --gradient_accumulation_steps "
                          f"{args.gradient_accumulation_steps}.")
+    if recipe.length_penalty is not None and args.generation_config is not None:
+        # Seq2SeqTrainer puts that file's config on the model after the flag has been applied.
+        raise ValueError(f"--length_penalty {recipe.length_penalty} and --generation_config {args.generation_config} "
+                         "both set the trained model's decoding: give the alpha as length_penalty in that file, or drop "
+                         "--generation_config.")
     if recipe.lr_decay_minutes is not None and not args.noam:
         raise ValueError(f"--lr_decay_minutes {recipe.lr_decay_minutes} anneals the Noam schedule, not --lr_scheduler_type "
                          f"{args.lr_scheduler_type.value}: drop one of them (linear and cosine decay by steps).")
@@ -261,10 +277,10 @@ def build_trainer(model, tokenizer, train_set, eval_set, recipe: RecipeArguments
     )
 
 
-def train(trainer: PaperTrainer, args: TranslationTrainingArguments) -> dict:
-    """Train (resuming where asked) and save the last step's weights into --output_dir; returns Trainer's metrics."""
-    result = trainer.train(resume_from_checkpoint=resolve_checkpoint(args.resume_from_checkpoint, args.output_dir,
-                                                                      args.world_size))
+def train(trainer: PaperTrainer, args: TranslationTrainingArguments, checkpoint: str | None = None) -> dict:
+    """Train (from `checkpoint`, resolved from --resume_from_checkpoint, if given) and save the last step's weights
+    into --output_dir; returns Trainer's metrics."""
+    result = trainer.train(resume_from_checkpoint=checkpoint)
     trainer.model.config.use_cache = True  # Trainer switches the cache off for training
     if trainer.is_fsdp_enabled:  # one loadable safetensors file, not shards, in the final folder
         trainer.accelerator.state.fsdp_plugin.set_state_dict_type("FULL_STATE_DICT")
