@@ -1,5 +1,6 @@
 #!/usr/bin/env python
-"""Train the paper's Transformer on a parallel corpus with the stock Seq2SeqTrainer.
+"""Train the paper's Transformer on a parallel corpus with `PaperTrainer`: Seq2SeqTrainer with the paper's schedule
+(§5.3) and token-based batches (§5.1).
 
     python scripts/train.py --output_dir runs/demo --max_steps 2000            # the built-in en-de task
     python scripts/train.py --output_dir runs/m30k --train_source_file ../shared/data/multi30k/train.en \

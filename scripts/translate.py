@@ -15,7 +15,8 @@ from pathlib import Path
 import torch
 
 import vanilla_transformer  # noqa: F401  registers the model with the Auto classes
-from vanilla_transformer.tools.translation import ENGINES, InputTooLong, cross_attention, load_translator
+from vanilla_transformer.tools.engines import ENGINES, load_translator
+from vanilla_transformer.tools.translation import InputTooLong, cross_attention
 
 
 def main(argv=None):

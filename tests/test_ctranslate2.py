@@ -13,7 +13,7 @@ from vanilla_transformer.tools.translation import translate
 
 ctranslate2 = pytest.importorskip("ctranslate2", reason="the CTranslate2 export is an optional extra")
 from vanilla_transformer.tools.ctranslate2 import CTranslate2Translator, export_ctranslate2  # noqa: E402
-from vanilla_transformer.tools.engines import EXPORT_RECORD  # noqa: E402
+from vanilla_transformer.tools.exports import EXPORT_RECORD  # noqa: E402
 from vanilla_transformer.tools.translation import InputTooLong  # noqa: E402
 
 

@@ -33,7 +33,7 @@ SNAPSHOT = "0123456789abcdef0123456789abcdef01234567"
 SETTINGS = dict(num_beams=3, length_penalty=0.6, max_new_tokens=8)
 SAVED_FILES = ["README.md", "config.json", "configuration_vanilla_transformer.py", "generation_config.json",
                "model.safetensors", "modeling_vanilla_transformer.py", "pipeline_vanilla_transformer.py",
-               "tokenizer.json", "tokenizer_config.json"]
+               "support_vanilla_transformer.py", "tokenizer.json", "tokenizer_config.json"]
 
 REMOTE_CHECK = r'''
 import torch

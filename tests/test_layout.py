@@ -1,4 +1,4 @@
-"""The package shows its tiers: the three files the Hub serves import only torch, transformers, the standard
+"""The package shows its tiers: the files the Hub serves (HUB_FILES) import only torch, transformers, the standard
 library and each other; `data` and `tools` build on them and not on each other's or the recipe's modules; the
 recipe (`training`) uses all three; nothing in the package imports a script. The built-in task loads only where
 it is used."""
@@ -12,7 +12,8 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
 PACKAGE = ROOT / "vanilla_transformer"
-HUB_FILES = ("configuration_vanilla_transformer", "modeling_vanilla_transformer", "pipeline_vanilla_transformer")
+HUB_FILES = ("configuration_vanilla_transformer", "modeling_vanilla_transformer", "support_vanilla_transformer",
+             "pipeline_vanilla_transformer")
 # What each tier may import of the package (besides itself).
 ALLOWED = {"hub": {"hub"}, "data": {"hub", "data"}, "tools": {"hub", "tools"},
            "training": {"hub", "data", "tools", "training"}}
@@ -75,3 +76,45 @@ def test_nothing_in_the_package_imports_a_script():
             if isinstance(node, (ast.Import, ast.ImportFrom)) and not getattr(node, "level", 0):
                 names = [node.module] if isinstance(node, ast.ImportFrom) else [a.name for a in node.names]
                 assert not any(n and n.split(".")[0] in {"scripts", "benchmarks", "tests"} for n in names), path
+
+
+def import_graph() -> dict[str, set[str]]:
+    """Each module of the package (a subpackage by its folder's dotted path, the package itself as "") and the
+    modules of the package it imports, anywhere in its code (an import inside a function closes a circle too)."""
+    paths = {}
+    for path in PACKAGE.rglob("*.py"):
+        parts = path.relative_to(PACKAGE).with_suffix("").parts
+        paths[".".join(parts[:-1] if parts[-1] == "__init__" else parts)] = path
+
+    def module_of(name: str) -> str:  # `from . import x` names x, a module or a name its package defines
+        name = name.strip(".")
+        while name not in paths:
+            name = name.rpartition(".")[0]
+        return name
+
+    return {module: {module_of(name) for name in imports_of(path)} - {module} for module, path in paths.items()}
+
+
+def import_circle(graph: dict[str, set[str]]) -> list[str] | None:
+    """A path of imports from a module back to itself, or None."""
+    state = {}
+
+    def visit(path):
+        state[path[-1]] = "open"
+        for imported in sorted(graph[path[-1]]):
+            if state.get(imported) == "open":
+                return path[path.index(imported):] + [imported]
+            if imported not in state and (circle := visit(path + [imported])):
+                return circle
+        state[path[-1]] = "done"
+        return None
+
+    for module in sorted(graph):
+        if module not in state and (circle := visit([module])):
+            return circle
+    return None
+
+
+def test_no_module_of_the_package_imports_itself_back_through_others():
+    circle = import_circle(import_graph())
+    assert circle is None, "an import circle: " + " -> ".join(f"vanilla_transformer.{m}".rstrip(".") for m in circle)

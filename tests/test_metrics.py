@@ -12,7 +12,7 @@ from sacrebleu.metrics import BLEU, CHRF
 from vanilla_transformer.training.metrics import (
     build_compute_metrics,
     corpus_scores,
-    load_bleu_metric,
+    load_sacrebleu_metric,
     paper_bleu,
     paper_tokenize,
 )
@@ -113,18 +113,19 @@ def test_compute_metrics_decodes_around_minus_100():
     assert all(type(v) is float for v in result.values())  # Trainer logs these
 
 
-def test_evaluate_local_module_equals_corpus_scores(tmp_path):
-    metric = load_bleu_metric(cache_dir=str(tmp_path))
-    assert metric.name == "local_sacre_bleu"
+def test_the_evaluate_metric_loads_offline_and_scores_as_corpus_scores(tmp_path):
+    metric = load_sacrebleu_metric(cache_dir=str(tmp_path))
+    assert metric.name == "corpus_scores"
     direct = corpus_scores(HYPS, REFS)
-    result = metric.compute(predictions=HYPS, references=[[r] for r in REFS])
-    assert result["score"] == direct["bleu"]
-    assert result["signature"] == direct["bleu_signature"]
-    assert (result["sys_len"], result["ref_len"], result["counts"]) == (8, 9, [8, 5, 3, 2])
-    # Batches accumulate like any evaluate metric; plain-string references are accepted too.
+    assert metric.compute(predictions=HYPS, references=[[r] for r in REFS]) == direct
+    # Batches accumulate like any evaluate metric; plain-string references and several per hypothesis are accepted.
     metric.add_batch(predictions=HYPS[:1], references=REFS[:1])
     metric.add_batch(predictions=HYPS[1:], references=REFS[1:])
-    assert metric.compute()["score"] == direct["bleu"]
+    assert metric.compute() == direct
+    two = [[r, "something else"] for r in REFS]
+    assert metric.compute(predictions=HYPS, references=two) == corpus_scores(HYPS, two)
+    with pytest.raises(ValueError, match="every hypothesis needs the same number"):
+        metric.compute(predictions=HYPS, references=[[REFS[0]], [REFS[1], "b"]])
 
 
 # The paper's tokenized BLEU: tensor2tensor's get_ende_bleu.sh -------------------------------------------------

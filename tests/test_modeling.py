@@ -2,6 +2,8 @@
 
 import json
 import math
+import threading
+from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 import torch
@@ -16,14 +18,14 @@ from transformers import (
     TrainingArguments,
 )
 
-from conftest import VOCAB, random_batch, tiny_config, tiny_model, tiny_tokenizer
+from conftest import VOCAB, confident_model, random_batch, tiny_config, tiny_model, tiny_tokenizer
 from vanilla_transformer import (
     VanillaTransformerConfig,
     VanillaTransformerForConditionalGeneration,
     VanillaTransformerModel,
 )
-from vanilla_transformer.modeling_vanilla_transformer import (CACHE_FIELD, SinusoidalPositionalEncoding, apply_dropout,
-                                                             label_smoothed_cross_entropy)
+from vanilla_transformer.modeling_vanilla_transformer import CACHE_FIELD, SinusoidalPositionalEncoding
+from vanilla_transformer.support_vanilla_transformer import apply_dropout, label_smoothed_cross_entropy
 
 ATOL = 1e-5  # float32 on CPU; observed differences are about 1e-6
 
@@ -664,7 +666,38 @@ def test_the_private_generation_methods_the_gnmt_penalty_overrides_are_still_the
     assert hasattr(GenerationMixin, method), f"{where} is gone; length_penalty_type='gnmt' overrides it"
     missing = reads - set(inspect.signature(getattr(GenerationMixin, method)).parameters)
     assert not missing, f"{where} no longer takes {sorted(missing)}, which the GNMT override reads"
-    assert method in VanillaTransformerForConditionalGeneration.__dict__
+    assert getattr(VanillaTransformerForConditionalGeneration, method) is not getattr(GenerationMixin, method)
+
+
+def test_generate_from_two_threads_at_once_ranks_every_call_as_it_does_alone():
+    """A server decodes on one model from several threads, each call with its own penalty."""
+    model = confident_model(quiet_eos=False)
+    with torch.no_grad():  # a louder end-of-sequence token: hypotheses end at several lengths
+        model.model.shared.weight[model.config.eos_token_id] *= 2
+    # A short and a long call, so that one finishes while the other still ranks its hypotheses.
+    sources = {budget: random_batch(batch=8, source_length=9, seed=seed)[:2] for seed, budget in ((1, 5), (2, 12))}
+
+    def beam_search(budget, penalty, barrier=None):
+        if barrier is not None:
+            barrier.wait()
+        input_ids, attention_mask = sources[budget]
+        out = model.generate(input_ids=input_ids, attention_mask=attention_mask, num_beams=4, length_penalty=1.0,
+                             max_new_tokens=budget, length_penalty_type=penalty, output_scores=True,
+                             return_dict_in_generate=True)
+        return out.sequences, out.sequences_scores
+
+    alone = {(budget, penalty): beam_search(budget, penalty) for budget in sources for penalty in ("gnmt", "hf")}
+    assert not torch.equal(alone[12, "gnmt"][0], alone[12, "hf"][0])  # the two penalties rank apart here
+    rounds, wrong = 20, {}
+    for pair in (((5, "gnmt"), (12, "gnmt")), ((5, "gnmt"), (12, "hf")), ((5, "hf"), (12, "gnmt"))):
+        for _ in range(rounds):
+            barrier = threading.Barrier(2)
+            with ThreadPoolExecutor(2) as pool:
+                results = list(pool.map(lambda call: beam_search(*call, barrier), pair))
+            for call, (sequences, scores) in zip(pair, results):
+                if not (torch.equal(sequences, alone[call][0]) and torch.equal(scores, alone[call][1])):
+                    wrong[pair] = wrong.get(pair, 0) + 1
+    assert not wrong, f"calls ranked otherwise than alone, of {2 * rounds} per pair (budget, penalty): {wrong}"
 
 
 # The contracts transformers makes of every model ------------------------------------------------------
@@ -764,11 +797,11 @@ def test_cached_and_uncached_decoding_agree_at_every_position_padding_included()
 
 def test_decoding_reads_no_ids_back_per_step(monkeypatch):
     """Only the ids a user passes are range-checked; a check per generated token would stall a GPU."""
-    import vanilla_transformer.modeling_vanilla_transformer as modeling
+    import vanilla_transformer.support_vanilla_transformer as support
 
     checked = []
-    original = modeling.check_token_ids
-    monkeypatch.setattr(modeling, "check_token_ids", lambda ids, name, *a, **k: checked.append(name) or
+    original = support.check_token_ids
+    monkeypatch.setattr(support, "check_token_ids", lambda ids, name, *a, **k: checked.append(name) or
                         original(ids, name, *a, **k))
     model = tiny_model()
     input_ids, attention_mask, _ = random_batch()

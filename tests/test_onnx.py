@@ -16,7 +16,7 @@ from vanilla_transformer.tools.translation import translate
 
 onnxruntime = pytest.importorskip("onnxruntime", reason="the ONNX export is an optional extra (.[onnx])")
 pytest.importorskip("onnxscript", reason="the ONNX export is an optional extra (.[onnx])")
-from vanilla_transformer.tools.engines import EXPORT_RECORD  # noqa: E402
+from vanilla_transformer.tools.exports import EXPORT_RECORD  # noqa: E402
 from vanilla_transformer.tools.onnx import OnnxSeq2Seq, OnnxTranslator, export_onnx, verify_onnx  # noqa: E402
 from vanilla_transformer.tools.onnx.runtime import past_names  # noqa: E402
 

@@ -9,7 +9,8 @@ import numpy as np
 import pytest
 
 from conftest import tiny_model, tiny_tokenizer
-from vanilla_transformer.tools.translation import InputTooLong, Translator, load_translator, translate
+from vanilla_transformer.tools.engines import load_translator
+from vanilla_transformer.tools.translation import InputTooLong, Translator, translate
 
 ROOT = Path(__file__).resolve().parents[1]
 

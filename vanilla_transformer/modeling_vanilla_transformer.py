@@ -1,13 +1,13 @@
 """The Transformer of Vaswani et al. (2017), "Attention Is All You Need", as a transformers model.
 
-Section 3 of the paper top to bottom: positional encoding (§3.5), scaled dot-product and multi-head attention
-(§3.2), the feed-forward network (§3.3), the encoder and decoder stacks (§3.1) with shared, scaled embeddings
-(§3.4), then the model with its loss (§5.4) and beam-search length penalty (§6.1). It imports only torch,
-transformers and the standard library: the Hub serves exactly this file to `trust_remote_code` users.
+Section 3 of the paper top to bottom: positional encoding (§3.5), the shared, scaled embeddings (§3.4), scaled
+dot-product and multi-head attention (§3.2), the feed-forward network (§3.3), the encoder and decoder layers and
+stacks (§3.1), then the model and its head. What is not the paper (input checks, the measured loss and dropout
+kernels, the beam search's GNMT penalty and length budget, the cache's name across transformers versions) lives in
+`support_vanilla_transformer.py`. Both files import only torch, transformers, the standard library and each other:
+the Hub serves them to `trust_remote_code` users.
 """
 
-import dataclasses
-import functools
 import math
 from collections.abc import Callable
 
@@ -23,155 +23,13 @@ from transformers.modeling_layers import GradientCheckpointingLayer
 from transformers.modeling_outputs import (BaseModelOutput, BaseModelOutputWithPastAndCrossAttentions, Seq2SeqLMOutput,
                                            Seq2SeqModelOutput)
 from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS, PreTrainedModel
-from transformers.utils import can_return_tuple, logging
-from transformers.utils.deprecation import deprecate_kwarg
+from transformers.utils import can_return_tuple
 
 from .configuration_vanilla_transformer import VanillaTransformerConfig, paper_generation_config
-
-logger = logging.get_logger(__name__)
-
-# transformers 5.24 renamed the key/value cache (argument and output field) `past_key_values` -> `cache`.
-CACHE_FIELD = "cache" if "cache" in {f.name for f in dataclasses.fields(Seq2SeqLMOutput)} else "past_key_values"
-
-
-def accepts_past_key_values(forward):
-    """Forwards take the cache as `cache`; the old name `past_key_values` still works. From 5.24 on it is
-    deprecated, with the warning in-tree models give; 5.23's generate() passes it, so there it is silent."""
-    if CACHE_FIELD == "cache":
-        return deprecate_kwarg("past_key_values", "5.40.0", new_name="cache", raise_if_both_names=True)(forward)
-
-    @functools.wraps(forward)
-    def renamed(self, *args, past_key_values=None, **kwargs):
-        if past_key_values is not None and kwargs.get("cache") not in (None, past_key_values):
-            raise ValueError("Both `past_key_values` and `cache` are set: pass the key/value cache once.")
-        if past_key_values is not None:
-            kwargs["cache"] = past_key_values
-        return forward(self, *args, **kwargs)
-
-    return renamed
-
-
-def check_token_ids(ids: torch.Tensor, name: str, vocab_size: int, allow: int | None = None,
-                    read_values: bool = True):
-    """Bad ids fail here with their value, not as an index error deep inside torch (or a CUDA assert).
-
-    Reading the values back waits for the device, so a model in training mode checks only dtype and shape: its
-    ids come through `TranslationDataCollator`, which checks them on the CPU."""
-    if not isinstance(ids, torch.Tensor) or ids.is_floating_point() or ids.is_complex() or ids.dtype == torch.bool:
-        got = f"dtype {ids.dtype}" if isinstance(ids, torch.Tensor) else type(ids).__name__
-        raise TypeError(f"`{name}` must be a tensor of integer token ids, got {got}.")
-    if ids.dim() != 2 or ids.numel() == 0:
-        raise ValueError(f"`{name}` must have a non-empty shape (batch, length), got {tuple(ids.shape)}.")
-    if not read_values or torch.compiler.is_compiling():  # reading values back would break the graph
-        return
-    bad = (ids < 0) | (ids >= vocab_size)
-    if allow is not None:
-        bad &= ids != allow
-    if bad.any():
-        raise ValueError(f"`{name}` holds id {ids[bad][0].item()}, outside the vocabulary [0, {vocab_size}).")
-
-
-def check_mask(mask: torch.Tensor | None, name: str, sequences: torch.Tensor, sequences_name: str):
-    """2-D masks must cover their sequences exactly (4-D masks, e.g. generate()'s for static caches, pass)."""
-    if mask is not None and mask.dim() == 2 and mask.shape != sequences.shape[:2]:
-        raise ValueError(f"`{name}` has shape {tuple(mask.shape)}, but `{sequences_name}` has shape "
-                         f"{tuple(sequences.shape)}: the mask needs one entry per token.")
-
-
-def check_pairs(source_name: str, source: torch.Tensor, target_name: str, target: torch.Tensor):
-    """Each target sequence needs its own source; the error names the arguments as the user passed them."""
-    if target.shape[0] != source.shape[0]:
-        raise ValueError(f"`{target_name}` holds {target.shape[0]} sequences (shape {tuple(target.shape)}) but "
-                         f"`{source_name}` holds {source.shape[0]} (shape {tuple(source.shape)}): each target needs "
-                         "its own source.")
-
-
-def given(**arguments) -> tuple[str, torch.Tensor] | tuple[None, None]:
-    """The first argument that was passed, with its name: which of ids, embeddings or encoder outputs it was."""
-    return next(((name, value) for name, value in arguments.items() if value is not None), (None, None))
-
-
-def can_skip_padding_mask(mask: torch.Tensor | None, training: bool) -> bool:
-    """Whether transformers may drop a padding mask that masks nothing. Finding out reads the mask back, which
-    waits for the device; training batches are padded anyway, so in training the mask is always kept."""
-    return mask is None or not training
-
-
-class _SmoothedCrossEntropySum(torch.autograd.Function):
-    """Summed label-smoothed cross-entropy whose gradient is formed in one pass: softmax minus the smoothed target,
-    in float32, written back in the logits' dtype. Rows go through in blocks of about a million logits, so the
-    float32 copy of a block stays in cache and the whole (tokens x vocabulary) float32 copy, log-softmax and its
-    gradient are never materialized; at most 16 blocks, so a large batch is not cut into many small launches."""
-
-    @staticmethod
-    def forward(ctx, logits, labels, label_smoothing):
-        real = labels != -100
-        targets = labels.clamp(min=0)
-        if torch.compiler.is_compiling():  # the compiler fuses it whole; blocks would tie its graph to the batch size
-            blocks = [slice(None)]
-        else:
-            rows_per_block = _block_rows(logits)
-            blocks = [slice(start, start + rows_per_block) for start in range(0, logits.shape[0], rows_per_block)]
-        log_normalizers, losses = [], []
-        for rows in blocks:
-            block = logits[rows].float()
-            log_normalizer = torch.logsumexp(block, dim=-1)
-            target_logit = block.gather(-1, targets[rows, None]).squeeze(-1)
-            # (1 - eps) * -log p(target) + eps * mean over the vocabulary of -log p
-            losses.append(log_normalizer - (1 - label_smoothing) * target_logit - label_smoothing * block.mean(-1))
-            log_normalizers.append(log_normalizer)
-        ctx.save_for_backward(logits, targets, real, torch.cat(log_normalizers))
-        ctx.label_smoothing, ctx.blocks = label_smoothing, blocks
-        return (torch.cat(losses) * real).sum()
-
-    @staticmethod
-    def backward(ctx, grad_total):
-        logits, targets, real, log_normalizer = ctx.saved_tensors
-        eps, vocab = ctx.label_smoothing, logits.shape[-1]
-        grad = torch.empty_like(logits)
-        scale = real * grad_total
-        for rows in ctx.blocks:
-            block = torch.exp(logits[rows].float() - log_normalizer[rows, None]).sub_(eps / vocab)
-            block.scatter_add_(-1, targets[rows, None], block.new_full((block.shape[0], 1), eps - 1))
-            grad[rows] = block.mul_(scale[rows, None])
-        return grad, None, None
-
-
-def _block_rows(logits: torch.Tensor) -> int:
-    rows, vocab = logits.shape
-    return max(1, (1 << 20) // vocab, -(-rows // 16))
-
-
-def label_smoothed_cross_entropy(logits, labels, label_smoothing: float = 0.0, num_items_in_batch=None):
-    """§5.4: cross-entropy over the non-(-100) labels in float32, smoothed by `label_smoothing`, summed and divided
-    by the label count, or by Trainer's `num_items_in_batch` (the whole optimizer step's, so accumulation and data
-    parallelism train like one large batch). No labels give 0 and zero gradients, not 0 / 0."""
-    if labels.shape != logits.shape[:-1]:
-        raise ValueError(f"`labels` has shape {tuple(labels.shape)}, but `logits` has shape {tuple(logits.shape)}: "
-                         "one label per position.")
-    labels = labels.to(logits.device)
-    total = _SmoothedCrossEntropySum.apply(logits.flatten(0, -2), labels.flatten(), label_smoothing)
-    count = (labels != -100).sum() if num_items_in_batch is None else num_items_in_batch
-    return total / torch.as_tensor(count, device=total.device).clamp(min=1)
-
-
-def apply_dropout(x: torch.Tensor, p: float, training: bool) -> torch.Tensor:
-    """Dropout (§5.4) with a mask that costs a quarter of the random numbers of `F.dropout`, which draws one per
-    element: each 64-bit random word gives four 16-bit ones, each kept with probability 1 - p (p rounded to
-    1/65536), and the kept values scaled by 1 / (1 - p) as usual."""
-    if not training or p == 0:
-        return x
-    words = torch.empty((x.numel() + 3) // 4, dtype=torch.int64, device=x.device).random_(-(2**63), 2**63 - 1)
-    keep = words.view(torch.int16)[: x.numel()].view(x.shape) >= round(p * 65536) - 32768
-    return torch.where(keep, x * (1 / (1 - p)), 0)
-
-
-def shift_tokens_right(labels: torch.Tensor, pad_token_id: int, decoder_start_token_id: int) -> torch.Tensor:
-    """Teacher forcing: the decoder reads the target shifted one step right, starting from the start token."""
-    shifted = labels.new_full(labels.shape, pad_token_id)
-    shifted[:, 1:] = labels[:, :-1]
-    shifted[:, 0] = decoder_start_token_id
-    return shifted.masked_fill(shifted == -100, pad_token_id)
+# check_token_ids and gnmt_length_penalty are re-exported: the package's data and tools import them from here.
+from .support_vanilla_transformer import (CACHE_FIELD, PaperDecodingMixin, accepts_past_key_values, apply_dropout,
+                                          check_decoder_inputs, check_encoder_inputs, check_labels, check_model_inputs,
+                                          check_token_ids, gnmt_length_penalty, label_smoothed_cross_entropy)
 
 
 class SinusoidalPositionalEncoding(nn.Module):
@@ -372,21 +230,19 @@ class _Stack(VanillaTransformerPreTrainedModel):
         # Pre-LN stacks end with a LayerNorm, since their residual stream is never normalised otherwise.
         self.layer_norm = nn.LayerNorm(config.d_model, eps=config.layer_norm_eps) if config.normalize_before else None
 
-    def embed(self, input_ids, inputs_embeds, past_length=0, check_ids=True):
-        embeds_name = self.input_name.replace("input_ids", "inputs_embeds")
-        if (input_ids is None) == (inputs_embeds is None):
-            raise ValueError(f"Pass exactly one of `{self.input_name}` and `{embeds_name}`.")
+    def embed(self, input_ids, inputs_embeds, past_length=0):
         if inputs_embeds is None:
-            if check_ids:
-                check_token_ids(input_ids, self.input_name, self.config.vocab_size, read_values=not self.training)
             inputs_embeds = self.embed_tokens(input_ids)
-        elif inputs_embeds.dim() != 3 or inputs_embeds.shape[0] == 0 or inputs_embeds.shape[1] == 0 \
-                or inputs_embeds.shape[2] != self.config.d_model:
-            raise ValueError(f"`{embeds_name}` must have shape (batch, length, d_model={self.config.d_model}), "
-                             f"got {tuple(inputs_embeds.shape)}.")
         positions = torch.arange(inputs_embeds.shape[1], device=inputs_embeds.device) + past_length
         hidden_states = inputs_embeds + self.embed_positions(positions).to(inputs_embeds.dtype)
         return apply_dropout(hidden_states, self.config.dropout, self.training)
+
+    def padding_mask(self, hidden_states, attention_mask, encoder_hidden_states=None):
+        """§3.2.3: attention ignores padding. transformers may drop a mask that masks nothing, but finding out reads
+        the mask back, which waits for the device; training batches are padded anyway, so training keeps it."""
+        return create_bidirectional_mask(self.config, hidden_states, attention_mask,
+                                         encoder_hidden_states=encoder_hidden_states,
+                                         allow_is_bidirectional_skip=attention_mask is None or not self.training)
 
     def output_flags(self, output_attentions, output_hidden_states) -> tuple[bool, bool]:
         """Arguments win; otherwise the config's `output_attentions` / `output_hidden_states`."""
@@ -405,12 +261,10 @@ class VanillaTransformerEncoder(_Stack):
     @can_return_tuple
     def forward(self, input_ids=None, attention_mask=None, inputs_embeds=None, output_attentions=None,
                 output_hidden_states=None, **kwargs) -> BaseModelOutput:
+        check_encoder_inputs(self, input_ids, inputs_embeds, attention_mask)
         output_attentions, output_hidden_states = self.output_flags(output_attentions, output_hidden_states)
         hidden_states = self.embed(input_ids, inputs_embeds)
-        check_mask(attention_mask, "attention_mask", hidden_states if input_ids is None else input_ids,
-                   self.input_name.replace("input_ids", "inputs_embeds") if input_ids is None else self.input_name)
-        mask = create_bidirectional_mask(self.config, hidden_states, attention_mask,
-                                         allow_is_bidirectional_skip=can_skip_padding_mask(attention_mask, self.training))
+        mask = self.padding_mask(hidden_states, attention_mask)
         all_hidden_states, all_attentions = (), ()
         for layer in self.layers:
             all_hidden_states += (hidden_states,)
@@ -438,32 +292,24 @@ class VanillaTransformerDecoder(_Stack):
     def forward(self, input_ids=None, attention_mask=None, encoder_hidden_states=None, encoder_attention_mask=None,
                 cache=None, inputs_embeds=None, use_cache=None, output_attentions=None,
                 output_hidden_states=None, **kwargs) -> BaseModelOutputWithPastAndCrossAttentions:
-        output_attentions, output_hidden_states = self.output_flags(output_attentions, output_hidden_states)
-        if encoder_hidden_states is None:
-            raise ValueError("The decoder attends to the encoder's output: pass `encoder_hidden_states`.")
         use_cache = self.config.use_cache if use_cache is None else use_cache
-        # Ids that continue a cache are the model's own output: reading them back at every step would stall a GPU.
-        check_ids = cache is None
         checkpointing = getattr(self.layers[0], "gradient_checkpointing", False)
-        if not use_cache or (self.training and torch.is_grad_enabled() and checkpointing):
-            cache = None  # recomputed activations cannot append to a cache a second time
+        # Recomputed activations cannot append to a cache a second time.
+        use_cache = use_cache and not (self.training and torch.is_grad_enabled() and checkpointing)
+        # Ids that continue a cache are the model's own output: reading them back at every step would stall a GPU.
+        check_decoder_inputs(self, input_ids, inputs_embeds, encoder_hidden_states, encoder_attention_mask,
+                             cache if use_cache else None, check_ids=cache is None)
+        output_attentions, output_hidden_states = self.output_flags(output_attentions, output_hidden_states)
+        if not use_cache:
+            cache = None
         elif cache is None:
             cache = EncoderDecoderCache(DynamicCache(config=self.config), DynamicCache(config=self.config))
-        elif not isinstance(cache, EncoderDecoderCache):
-            raise TypeError(f"`cache` (or `past_key_values`) must be an EncoderDecoderCache (self- and cross-attention), got "
-                            f"{type(cache).__name__}.")
         past_length = cache.get_seq_length() if cache is not None else 0
 
-        hidden_states = self.embed(input_ids, inputs_embeds, past_length, check_ids)
-        check_pairs("encoder_hidden_states", encoder_hidden_states, *given(
-            **{self.input_name: input_ids, self.input_name.replace("input_ids", "inputs_embeds"): inputs_embeds}))
-        check_mask(encoder_attention_mask, "encoder_attention_mask", encoder_hidden_states, "encoder_hidden_states")
+        hidden_states = self.embed(input_ids, inputs_embeds, past_length)
         causal_mask = create_causal_mask(  # the cache goes in positionally: `past_key_values` on 5.23, `cache` on 5.24+
             self.config, hidden_states, attention_mask, None if cache is None else cache.self_attention_cache)
-        cross_mask = create_bidirectional_mask(
-            self.config, hidden_states, encoder_attention_mask, encoder_hidden_states=encoder_hidden_states,
-            allow_is_bidirectional_skip=can_skip_padding_mask(encoder_attention_mask, self.training),
-        )
+        cross_mask = self.padding_mask(hidden_states, encoder_attention_mask, encoder_hidden_states)
         all_hidden_states, all_self_attentions, all_cross_attentions = (), (), ()
         for layer in self.layers:
             all_hidden_states += (hidden_states,)
@@ -503,21 +349,16 @@ class VanillaTransformerModel(VanillaTransformerPreTrainedModel):
     def forward(self, input_ids=None, attention_mask=None, decoder_input_ids=None, decoder_attention_mask=None,
                 encoder_outputs=None, cache=None, inputs_embeds=None, decoder_inputs_embeds=None,
                 use_cache=None, output_attentions=None, output_hidden_states=None, **kwargs) -> Seq2SeqModelOutput:
-        if encoder_outputs is None:
+        encoded = encoder_outputs is not None
+        if not encoded:
             encoder_outputs = self.encoder(
                 input_ids=input_ids, attention_mask=attention_mask, inputs_embeds=inputs_embeds,
                 output_attentions=output_attentions, output_hidden_states=output_hidden_states,
             )
-            source = given(input_ids=input_ids, inputs_embeds=inputs_embeds)
-        else:
-            if not isinstance(encoder_outputs, BaseModelOutput):  # a tuple: (last_hidden_state, hidden_states, ...)
-                encoder_outputs = BaseModelOutput(*encoder_outputs)
-            source = ("encoder_outputs", encoder_outputs.last_hidden_state)
-            check_mask(attention_mask, "attention_mask", encoder_outputs.last_hidden_state, "encoder_outputs")
-        # Checked here, where the arguments have the names the user gave them (the decoder knows other names).
-        target = given(decoder_input_ids=decoder_input_ids, decoder_inputs_embeds=decoder_inputs_embeds)
-        if target[0] is not None:
-            check_pairs(*source, *target)
+        elif not isinstance(encoder_outputs, BaseModelOutput):  # a tuple: (last_hidden_state, hidden_states, ...)
+            encoder_outputs = BaseModelOutput(*encoder_outputs)
+        check_model_inputs(input_ids, inputs_embeds, encoder_outputs.last_hidden_state if encoded else None,
+                           attention_mask, decoder_input_ids, decoder_inputs_embeds)
         decoder_outputs = self.decoder(
             input_ids=decoder_input_ids, attention_mask=decoder_attention_mask,
             encoder_hidden_states=encoder_outputs.last_hidden_state, encoder_attention_mask=attention_mask,
@@ -533,10 +374,19 @@ class VanillaTransformerModel(VanillaTransformerPreTrainedModel):
         )
 
 
-class VanillaTransformerForConditionalGeneration(VanillaTransformerPreTrainedModel, GenerationMixin):
+def shift_tokens_right(labels: torch.Tensor, pad_token_id: int, decoder_start_token_id: int) -> torch.Tensor:
+    """Teacher forcing: the decoder reads the target shifted one step right, starting from the start token."""
+    shifted = labels.new_full(labels.shape, pad_token_id)
+    shifted[:, 1:] = labels[:, :-1]
+    shifted[:, 0] = decoder_start_token_id
+    return shifted.masked_fill(shifted == -100, pad_token_id)
+
+
+class VanillaTransformerForConditionalGeneration(VanillaTransformerPreTrainedModel, PaperDecodingMixin,
+                                                 GenerationMixin):
     """The full model: the decoder's output through the shared embedding matrix (§3.4) and a softmax. A new model
     decodes greedily, as every transformers model does; `from_preset` and trained checkpoints carry the paper's
-    beam search (`paper_generation_config()`) in their generation config."""
+    beam search (`paper_generation_config()`, §6.1) in their generation config."""
 
     _tied_weights_keys = {"lm_head.weight": "model.shared.weight"}
 
@@ -544,7 +394,6 @@ class VanillaTransformerForConditionalGeneration(VanillaTransformerPreTrainedMod
         super().__init__(config)
         self.model = VanillaTransformerModel(config)
         self.lm_head = nn.Linear(config.d_model, config.vocab_size, bias=config.lm_head_bias)
-        self._gnmt_length_penalty = False
         self.post_init()
 
     @classmethod
@@ -564,19 +413,13 @@ class VanillaTransformerForConditionalGeneration(VanillaTransformerPreTrainedMod
                 labels=None, use_cache=None, output_attentions=None, output_hidden_states=None,
                 num_items_in_batch=None, **kwargs) -> Seq2SeqLMOutput:
         if labels is not None:
-            check_token_ids(labels, "labels", self.config.vocab_size, allow=-100, read_values=not self.training)
+            check_labels(labels, self.config.vocab_size, self.training, input_ids=input_ids,
+                         inputs_embeds=inputs_embeds, encoder_outputs=encoder_outputs,
+                         decoder_input_ids=decoder_input_ids, decoder_inputs_embeds=decoder_inputs_embeds,
+                         decoder_attention_mask=decoder_attention_mask)
             use_cache = False
-            target = given(decoder_input_ids=decoder_input_ids, decoder_inputs_embeds=decoder_inputs_embeds)
-            if target[0] is None:  # the decoder's inputs come from `labels`: errors about them name `labels`
-                source = given(encoder_outputs=None if encoder_outputs is None else encoder_outputs[0],
-                               input_ids=input_ids, inputs_embeds=inputs_embeds)
-                if source[0] is not None:
-                    check_pairs(*source, "labels", labels)
-                check_mask(decoder_attention_mask, "decoder_attention_mask", labels, "labels")
+            if decoder_input_ids is None and decoder_inputs_embeds is None:
                 decoder_input_ids = self.prepare_decoder_input_ids_from_labels(labels)
-            elif labels.shape != target[1].shape[:2]:
-                raise ValueError(f"`labels` has shape {tuple(labels.shape)}, but `{target[0]}` has shape "
-                                 f"{tuple(target[1].shape)}: one label per decoder position.")
         outputs = self.model(
             input_ids=input_ids, attention_mask=attention_mask, decoder_input_ids=decoder_input_ids,
             decoder_attention_mask=decoder_attention_mask, encoder_outputs=encoder_outputs,
@@ -593,61 +436,6 @@ class VanillaTransformerForConditionalGeneration(VanillaTransformerPreTrainedMod
             encoder_hidden_states=outputs.encoder_hidden_states, encoder_attentions=outputs.encoder_attentions,
             **{CACHE_FIELD: getattr(outputs, CACHE_FIELD)},
         )
-
-    def generate(self, inputs=None, generation_config=None, **kwargs):
-        """generate() with two options of the paper's beam search (§6.1), from the generation config (as
-        `paper_generation_config()` sets them) or passed directly:
-
-        - `max_new_tokens_over_input=50`: when no length is asked for, decode at most source length + 50 tokens;
-        - `length_penalty_type="gnmt"`: rank beam hypotheses by log P(Y) / ((5 + |Y|) / 6)^alpha, GNMT's penalty
-          (Wu et al., 2016); "hf" (the default) keeps transformers' log P(Y) / |Y|^alpha.
-        """
-        config = self.generation_config if generation_config is None else generation_config
-        penalty_type = kwargs.pop("length_penalty_type", getattr(config, "length_penalty_type", "hf"))
-        if penalty_type not in ("gnmt", "hf"):
-            raise ValueError(f"`length_penalty_type` must be 'gnmt' or 'hf', got {penalty_type!r}.")
-        offset = kwargs.pop("max_new_tokens_over_input", getattr(config, "max_new_tokens_over_input", None))
-        lengths_given = kwargs.get("max_length") is not None or kwargs.get("max_new_tokens") is not None
-        if offset is not None and not lengths_given and config.max_length is None and config.max_new_tokens is None:
-            encoded = kwargs.get("encoder_outputs")
-            sources = (inputs, kwargs.get("input_ids"), kwargs.get("inputs_embeds"), encoded and encoded[0])
-            source = next((x for x in sources if x is not None), None)
-            if source is not None:  # a padded batch shares one budget, set by its longest source
-                kwargs["max_new_tokens"] = source.shape[1] + offset
-        if kwargs.get("decoder_input_ids") is not None:  # the decoder checks no ids while it continues a cache
-            check_token_ids(kwargs["decoder_input_ids"], "decoder_input_ids", self.config.vocab_size)
-        self._gnmt_length_penalty = penalty_type == "gnmt"
-        try:
-            return super().generate(inputs, generation_config, **kwargs)
-        finally:
-            self._gnmt_length_penalty = False
-
-    # transformers' beam search divides a hypothesis' log-probability by length ** length_penalty in these two
-    # places. For the GNMT penalty we pass, for the length in question, the exponent e with
-    # length ** e == ((5 + length) / 6) ** alpha, so the library's own code ranks by the paper's score.
-    def _update_finished_beams(self, **kwargs):
-        if self._gnmt_length_penalty:
-            length = kwargs["cur_len"] + 1 - kwargs["decoder_prompt_len"]
-            kwargs["length_penalty"] = _gnmt_exponent(length, kwargs["length_penalty"])
-        return super()._update_finished_beams(**kwargs)
-
-    def _check_early_stop_heuristic(self, **kwargs):
-        if self._gnmt_length_penalty:
-            alpha = kwargs["length_penalty"]
-            longest = kwargs["early_stopping"] == "never" and alpha > 0.0
-            length = (kwargs["max_length"] if longest else kwargs["cur_len"]) - kwargs["decoder_prompt_len"]
-            kwargs["length_penalty"] = _gnmt_exponent(length, alpha)
-        return super()._check_early_stop_heuristic(**kwargs)
-
-
-def gnmt_length_penalty(length: int, alpha: float) -> float:
-    """GNMT's length penalty ((5 + |Y|) / 6)^alpha (Wu et al., 2016), which the paper's beam search divides by."""
-    return ((5 + length) / 6) ** alpha
-
-
-def _gnmt_exponent(length: int, alpha: float) -> float:
-    """The e with length ** e == gnmt_length_penalty(length, alpha) (any e fits length 1, where both are 1)."""
-    return alpha if length <= 1 else math.log(gnmt_length_penalty(length, alpha)) / math.log(length)
 
 
 __all__ = ["VanillaTransformerPreTrainedModel", "VanillaTransformerModel", "VanillaTransformerForConditionalGeneration",

@@ -25,7 +25,8 @@ class VanillaTranslationPipeline(Pipeline):
 
     Generation parameters (`num_beams`, `max_new_tokens`, `length_penalty`, a `generation_config`, ...) are
     passed to `generate` as given, at construction or per call; what they leave out comes from the model's
-    generation config (beam 4, length penalty 0.6 and the paper's input + 50 token budget, §6.1).
+    generation config: the paper's beam search (§6.1) where that is `paper_generation_config()`, as for
+    `from_preset` models and the recipe's checkpoints, and greedy decoding for a model made from a bare config.
     """
 
     _load_tokenizer = True

@@ -26,7 +26,7 @@ from transformers import AutoModelForSeq2SeqLM, AutoTokenizer, TrainerCallback
 
 from vanilla_transformer.data.corpora import load_parallel_text_files
 from vanilla_transformer.training import check_run_can_start, evaluate_bleu, parse_training_args, run
-from vanilla_transformer.training.arguments import native_bf16
+from vanilla_transformer.training.precision import native_bf16
 from vanilla_transformer.training.run import write_model_card
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -20,7 +20,7 @@ from pathlib import Path
 
 import torch
 
-from .engines import read_export_record, require, write_export_record
+from .exports import read_export_record, require, write_export_record
 from .folders import check_output_dir, load_model_and_tokenizer, staged_output_dir
 from ..modeling_vanilla_transformer import SinusoidalPositionalEncoding
 from .translation import Translator

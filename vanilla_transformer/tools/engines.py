@@ -1,61 +1,34 @@
-"""What the exports and their engines share: the optional package each one needs, imported only where it is used
-(`require`), and the record every export folder keeps of how the model decodes (`vanilla_transformer_export.json`),
-which the engine reads back so that an export decodes as the model's `generate()` would."""
+"""The engines by name: the model's own `generate()` ("transformers", `translation.GenerateTranslator`), a CTranslate2
+export ("ctranslate2", `ctranslate2.CTranslate2Translator`) and an ONNX export on onnxruntime ("onnxruntime",
+`onnx.OnnxTranslator`), each behind the one translation loop (`translation.Translator`). The engines import the
+loop; only this module imports the engines, each where it is asked for."""
 
-import json
-import os
-from pathlib import Path
+from .translation import GenerateTranslator, Translator
 
-EXPORT_RECORD = "vanilla_transformer_export.json"
-# The extras of setup.py, by the name users install them with.
-EXTRAS = {"ctranslate2": ("ctranslate2",), "onnx": ("onnx", "onnxscript", "onnxruntime")}
+ENGINES = ("transformers", "ctranslate2", "onnxruntime")
 
 
-def require(module: str, extra: str, purpose: str):
-    """Import the optional package `module` of the `extra`, or say how to install it."""
-    try:
-        return __import__(module)
-    except ImportError as error:
-        raise ImportError(f"{purpose} needs {module}: pip install 'vanilla-transformer[{extra}]' "
-                          f"(or: pip install {' '.join(EXTRAS[extra])})") from error
+def load_translator(engine: str, model_dir, device: str = "cpu", quantized: str | None = None,
+                    threads: int = 0) -> Translator:
+    """The translator for a folder: a saved model (or Hub id) through `generate()` ("transformers"), or an export
+    for "ctranslate2" or "onnxruntime" (`quantized="int8"`: its int8 graphs)."""
+    if engine not in ENGINES:
+        raise ValueError(f"engine={engine!r} is not one of {ENGINES}.")
+    if quantized is not None and engine != "onnxruntime":
+        raise ValueError(f"quantized={quantized!r} is for the onnxruntime engine (CTranslate2 exports are quantized "
+                         "when written).")
+    if engine == "ctranslate2":
+        from .ctranslate2 import CTranslate2Translator
+
+        return CTranslate2Translator(model_dir, device=device, threads=threads)
+    if engine == "onnxruntime":
+        from .onnx.runtime import OnnxTranslator
+
+        return OnnxTranslator(model_dir, quantized=quantized, threads=threads)
+    from transformers import AutoModelForSeq2SeqLM, AutoTokenizer
+
+    model = AutoModelForSeq2SeqLM.from_pretrained(model_dir).to(device)
+    return GenerateTranslator(model, AutoTokenizer.from_pretrained(model_dir))
 
 
-def decoding_record(model) -> dict:
-    """The model's decoding settings (its generation config and special ids) as an export records them."""
-    config, generation = model.config, model.generation_config
-    return {"decoder_start_token_id": config.first_decoder_token_id, "eos_token_id": config.eos_token_id,
-            "pad_token_id": config.pad_token_id, "num_beams": generation.num_beams or 1,
-            "length_penalty": 1.0 if generation.length_penalty is None else generation.length_penalty,
-            "length_penalty_type": getattr(generation, "length_penalty_type", "hf"),
-            "early_stopping": generation.early_stopping, "max_new_tokens": generation.max_new_tokens,
-            "max_new_tokens_over_input": getattr(generation, "max_new_tokens_over_input", None),
-            "max_length": generation.max_length or 20}
-
-
-def write_export_record(folder: str | os.PathLike, model, engine: str, quantization: list[str], **details) -> dict:
-    """Write the record of an export for `engine` ("ctranslate2" or "onnxruntime") of `model`: the weights'
-    quantizations, the engine-specific `details`, the decoding settings and the versions it was written with."""
-    import torch
-
-    record = {"engine": engine, "quantization": quantization, **details, "decoding": decoding_record(model),
-              "versions": {"torch": torch.__version__}}
-    extra = "ctranslate2" if engine == "ctranslate2" else "onnx"
-    record["versions"].update({module: __import__(module).__version__ for module in EXTRAS[extra]})
-    (Path(folder) / EXPORT_RECORD).write_text(json.dumps(record, indent=2) + "\n")
-    return record
-
-
-def read_export_record(folder: str | os.PathLike, engine: str) -> dict:
-    """The record of an export folder written for `engine`; a clear error for any other folder."""
-    path = Path(folder) / EXPORT_RECORD
-    writer = {"ctranslate2": "scripts/export_ctranslate2.py", "onnxruntime": "scripts/export_onnx.py"}[engine]
-    if not path.is_file():
-        raise FileNotFoundError(f"{folder} has no {EXPORT_RECORD}: not an export folder ({writer} writes one).")
-    record = json.loads(path.read_text())
-    if record.get("engine") != engine or "decoding" not in record:
-        raise ValueError(f"{folder} is not an export for {engine} (its {EXPORT_RECORD} says "
-                         f"{record.get('engine', 'nothing of the engine')}); export the model again with {writer}.")
-    return record
-
-
-__all__ = ["EXPORT_RECORD", "require", "decoding_record", "write_export_record", "read_export_record"]
+__all__ = ["ENGINES", "load_translator"]

@@ -1,7 +1,8 @@
 """Batch translation, one loop for every engine: tokenize, sort by length so batches hold little padding, give each
 batch its length budget, decode, and return the translations in the input order. The engines behind it are
 `generate()` (`GenerateTranslator`, this module), CTranslate2 (`tools.ctranslate2.CTranslate2Translator`) and
-onnxruntime (`tools.onnx.OnnxTranslator`)."""
+onnxruntime (`tools.onnx.OnnxTranslator`); they import the loop, which imports none of them (`tools.engines` picks
+one by name)."""
 
 import numpy as np
 import torch
@@ -114,32 +115,6 @@ def translate(model, tokenizer, texts: list[str], batch_size: int = 64, max_sour
         texts, batch_size, num_beams, max_new_tokens, max_source_length, progress)
 
 
-ENGINES = ("transformers", "ctranslate2", "onnxruntime")
-
-
-def load_translator(engine: str, model_dir, device: str = "cpu", quantized: str | None = None,
-                    threads: int = 0) -> Translator:
-    """The translator for a folder: a saved model (or Hub id) through `generate()` ("transformers"), or an export
-    for "ctranslate2" or "onnxruntime" (`quantized="int8"`: its int8 graphs)."""
-    if engine not in ENGINES:
-        raise ValueError(f"engine={engine!r} is not one of {ENGINES}.")
-    if quantized is not None and engine != "onnxruntime":
-        raise ValueError(f"quantized={quantized!r} is for the onnxruntime engine (CTranslate2 exports are quantized "
-                         "when written).")
-    if engine == "ctranslate2":
-        from .ctranslate2 import CTranslate2Translator
-
-        return CTranslate2Translator(model_dir, device=device, threads=threads)
-    if engine == "onnxruntime":
-        from .onnx.runtime import OnnxTranslator
-
-        return OnnxTranslator(model_dir, quantized=quantized, threads=threads)
-    from transformers import AutoModelForSeq2SeqLM, AutoTokenizer
-
-    model = AutoModelForSeq2SeqLM.from_pretrained(model_dir).to(device)
-    return GenerateTranslator(model, AutoTokenizer.from_pretrained(model_dir))
-
-
 def cross_attention(model, tokenizer, text: str, **generate_kwargs) -> dict:
     """Translate `text`, then read back the model's encoder-decoder attention over it (the paper's Figures 3-5):
     {"translation", "source_tokens", "target_tokens", "weights": (layers, target, source), averaged over heads}.
@@ -164,5 +139,4 @@ def cross_attention(model, tokenizer, text: str, **generate_kwargs) -> dict:
             "target_tokens": tokenizer.convert_ids_to_tokens(generated[0, 1:].tolist()), "weights": weights}
 
 
-__all__ = ["Translator", "GenerateTranslator", "InputTooLong", "ENGINES", "load_translator", "translate",
-           "cross_attention"]
+__all__ = ["Translator", "GenerateTranslator", "InputTooLong", "translate", "cross_attention"]

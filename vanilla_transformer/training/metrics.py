@@ -1,5 +1,6 @@
-"""Corpus BLEU and chrF with sacreBLEU (§6.1 reports BLEU), for scripts and `Seq2SeqTrainer`; and the paper's own
-tokenized BLEU (`paper_bleu`), the protocol behind its 27.3 / 28.4 on newstest2014."""
+"""Corpus BLEU and chrF with sacreBLEU (§6.1 reports BLEU), for scripts and, as an `evaluate` metric
+(`sacrebleu_metric.py`), for `Seq2SeqTrainer`; and the paper's own tokenized BLEU (`paper_bleu`), the protocol behind
+its 27.3 / 28.4 on newstest2014."""
 
 import os
 import re
@@ -54,11 +55,13 @@ def chrf_signature(num_refs=1):
 
 
 def build_compute_metrics(tokenizer):
-    """`compute_metrics` for `Seq2SeqTrainer(predict_with_generate=True)`: only floats, so Trainer can log them.
+    """`compute_metrics` for `Seq2SeqTrainer(predict_with_generate=True)`, scoring through the `evaluate` metric of
+    `corpus_scores` (`load_sacrebleu_metric`): only floats, so Trainer can log them.
 
     The signatures of these scores are `bleu_signature()` and `chrf_signature()`.
     """
     pad = tokenizer.pad_token_id
+    metric = load_sacrebleu_metric(keep_in_memory=True)  # no cache files for the processes of a run to share
 
     def compute_metrics(eval_prediction):
         predictions, labels = eval_prediction.predictions, eval_prediction.label_ids
@@ -70,7 +73,7 @@ def build_compute_metrics(tokenizer):
         labels = np.where(np.asarray(labels) < 0, pad, labels)
         hypotheses = [t.strip() for t in tokenizer.batch_decode(predictions, skip_special_tokens=True)]
         references = [t.strip() for t in tokenizer.batch_decode(labels, skip_special_tokens=True)]
-        scores = corpus_scores(hypotheses, references)
+        scores = metric.compute(predictions=hypotheses, references=references)
         return {
             "bleu": float(scores["bleu"]),
             "chrf": float(scores["chrf"]),
@@ -121,8 +124,9 @@ def paper_bleu(hypotheses: list[str], references: list[str], lang: str = "de") -
                                                   sacrebleu=sacrebleu.__version__)}
 
 
-def load_bleu_metric(**kwargs):
-    """`evaluate.load` of the local sacreBLEU module: works offline, unlike `evaluate.load("sacrebleu")` (Hub script)."""
+def load_sacrebleu_metric(**kwargs):
+    """`corpus_scores` as an `evaluate` metric (`evaluate.load` of sacrebleu_metric.py, with `kwargs`): it loads
+    offline, unlike `evaluate.load("sacrebleu")` (a Hub script)."""
     import evaluate  # imports datasets and pyarrow: too slow to pay for on every `import metrics`
 
     return evaluate.load(SACREBLEU_METRIC_PATH, **kwargs)

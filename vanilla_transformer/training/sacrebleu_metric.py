@@ -1,15 +1,15 @@
-"""sacreBLEU as an `evaluate` metric that loads offline: `evaluate.load("/abs/path/sacrebleu_metric.py")`.
+"""`metrics.corpus_scores` (sacreBLEU's BLEU, chrF and lowercased BLEU, with their signatures) as an `evaluate`
+metric that loads offline: `metrics.load_sacrebleu_metric()`, where `evaluate.load("sacrebleu")` fetches its script
+from the Hub. Trainer's `compute_metrics` (`metrics.build_compute_metrics`) scores through it.
 
-`evaluate.load("sacrebleu")` fetches its script from the Hub. This file is copied into evaluate's
-module cache and imported on its own, so it imports only installed libraries, never this package,
-and one module per `import` line (evaluate's import scanner misreads `import a, b`).
+evaluate copies this file into its module cache and imports it on its own: it imports the package by its name,
+never relatively, and one module per `import` line (evaluate's import scanner misreads `import a, b`).
 """
 
 import datasets
 import evaluate
-import sacrebleu
 
-_DESCRIPTION = "Corpus BLEU from sacreBLEU (Post, 2018), with its signature; same outputs as evaluate's 'sacrebleu'."
+from vanilla_transformer.training.metrics import corpus_scores
 
 _CITATION = """@inproceedings{post-2018-call,
     title = "A Call for Clarity in Reporting {BLEU} Scores",
@@ -19,24 +19,22 @@ _CITATION = """@inproceedings{post-2018-call,
     pages = "186--191",
 }"""
 
-_KWARGS_DESCRIPTION = """
+_INPUTS = """
 Args:
     predictions: list of hypothesis strings.
     references: one reference string, or a list of reference strings (the same number for every
         prediction), per prediction.
-    smooth_method, smooth_value, lowercase, tokenize, use_effective_order: passed to sacrebleu.BLEU.
 Returns:
-    score, counts, totals, precisions, bp, sys_len, ref_len, signature.
+    bleu, chrf, bleu_lowercase and the signature of each (bleu_signature, ...), as `metrics.corpus_scores`.
 """
 
 
-@evaluate.utils.file_utils.add_start_docstrings(_DESCRIPTION, _KWARGS_DESCRIPTION)
-class LocalSacreBleu(evaluate.Metric):
+class CorpusScores(evaluate.Metric):
     def _info(self):
         return evaluate.MetricInfo(
-            description=_DESCRIPTION,
+            description=corpus_scores.__doc__,
             citation=_CITATION,
-            inputs_description=_KWARGS_DESCRIPTION,
+            inputs_description=_INPUTS,
             features=[
                 datasets.Features(
                     {"predictions": datasets.Value("string"), "references": datasets.Sequence(datasets.Value("string"))}
@@ -46,41 +44,5 @@ class LocalSacreBleu(evaluate.Metric):
             reference_urls=["https://github.com/mjpost/sacreBLEU"],
         )
 
-    def _compute(
-        self,
-        predictions,
-        references,
-        smooth_method="exp",
-        smooth_value=None,
-        lowercase=False,
-        tokenize=None,
-        use_effective_order=False,
-    ):
-        references = [[r] if isinstance(r, str) else list(r) for r in references]
-        if not references:
-            raise ValueError("`references` is empty: sacreBLEU needs references for every prediction")
-        n_refs = len(references[0])
-        odd = next((i for i, r in enumerate(references) if len(r) != n_refs), None)
-        if odd is not None:
-            raise ValueError(f"references[{odd}] has {len(references[odd])} references but references[0] has "
-                             f"{n_refs}: sacreBLEU needs the same number for every prediction")
-        # sacreBLEU takes one stream per reference position, not one list per prediction.
-        streams = [[r[i] for r in references] for i in range(n_refs)]
-        bleu = sacrebleu.metrics.BLEU(
-            smooth_method=smooth_method,
-            smooth_value=smooth_value,
-            lowercase=lowercase,
-            tokenize=tokenize,
-            effective_order=use_effective_order,
-        )
-        result = bleu.corpus_score(predictions, streams)
-        return {
-            "score": result.score,
-            "counts": result.counts,
-            "totals": result.totals,
-            "precisions": result.precisions,
-            "bp": result.bp,
-            "sys_len": result.sys_len,
-            "ref_len": result.ref_len,
-            "signature": str(bleu.get_signature()),
-        }
+    def _compute(self, predictions, references):
+        return corpus_scores(predictions, references)

@@ -28,7 +28,7 @@ from transformers.cache_utils import DynamicCache, EncoderDecoderCache
 
 from ...configuration_vanilla_transformer import VanillaTransformerConfig
 from ...modeling_vanilla_transformer import VanillaTransformerForConditionalGeneration
-from ..engines import require, write_export_record
+from ..exports import require, write_export_record
 from ..folders import check_output_dir, load_model_and_tokenizer, staged_output_dir
 from ..marian import marian_config_like
 from ..verification import check_close, float32_reference, verification_batch
@@ -57,7 +57,7 @@ class EncoderGraph(nn.Module):
 
     def forward(self, input_ids, attention_mask):
         encoder = self.encoder
-        hidden_states = encoder.embed(input_ids, None, check_ids=False)
+        hidden_states = encoder.embed(input_ids, None)
         mask = additive_mask(attention_mask, hidden_states.dtype)
         for layer in encoder.layers:
             hidden_states, _ = layer(hidden_states, mask)
@@ -84,7 +84,7 @@ class DecoderGraph(nn.Module):
         # Encoder states the encoder past already holds are not projected again: all of them after the first step.
         new_encoder_states = encoder_hidden_states[:, cross_past[0][0].shape[2]:]
 
-        hidden_states = decoder.embed(input_ids, None, past_length, check_ids=False)
+        hidden_states = decoder.embed(input_ids, None, past_length)
         length = input_ids.shape[1]
         visible = torch.arange(past_length + length)[None, :] <= (torch.arange(length) + past_length)[:, None]
         causal = torch.where(visible, 0.0, torch.finfo(hidden_states.dtype).min)[None, None].to(hidden_states.dtype)

@@ -16,7 +16,7 @@ import numpy as np
 import torch
 
 from ...modeling_vanilla_transformer import gnmt_length_penalty
-from ..engines import read_export_record, require
+from ..exports import read_export_record, require
 from ..translation import Translator
 
 GRAPHS = ("encoder_model", "decoder_model_merged")
