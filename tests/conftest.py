@@ -5,7 +5,16 @@ os.environ["HF_HUB_OFFLINE"] = "1"
 os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
+import atexit  # noqa: E402
+import shutil  # noqa: E402
 import sys  # noqa: E402
+import tempfile  # noqa: E402
+
+# datasets' cache (read once at import) in a folder of the session's own, which its subprocesses share.
+if "HF_DATASETS_CACHE" not in os.environ:
+    os.environ["HF_DATASETS_CACHE"] = tempfile.mkdtemp(prefix="vt-datasets-cache-")
+    atexit.register(shutil.rmtree, os.environ["HF_DATASETS_CACHE"], ignore_errors=True)
+
 from pathlib import Path  # noqa: E402
 
 import pytest  # noqa: E402
@@ -169,3 +178,19 @@ def hide_package(monkeypatch, package: str):
         return real_import(name, *args, **kwargs)
 
     monkeypatch.setattr(builtins, "__import__", without)
+
+
+def hub_dataset_folder(root: Path, splits: dict[str, list[tuple[str, str]]], config_name: str = "de-en") -> Path:
+    """A local folder laid out as the Hub serves a translation dataset repository (wmt/wmt14's layout): parquet files
+    under `<config_name>/`, the config named in README.md's YAML; `splits` maps a split to its (en, de) pairs."""
+    from datasets import Dataset
+
+    (root / config_name).mkdir(parents=True, exist_ok=True)
+    files = []
+    for split, pairs in splits.items():
+        rows = [{"de": de, "en": en} for en, de in pairs]
+        Dataset.from_dict({"translation": rows}).to_parquet(root / config_name / f"{split}-00000-of-00001.parquet")
+        files.append(f"  - split: {split}\n    path: {config_name}/{split}-*")
+    (root / "README.md").write_text("---\nconfigs:\n- config_name: " + config_name + "\n  data_files:\n"
+                                    + "\n".join(files) + "\n---\n", encoding="utf-8")
+    return root

@@ -7,9 +7,13 @@ os.environ["HF_DATASETS_OFFLINE"] = "1"
 import json
 import logging
 import random
+from pathlib import Path
 
 import pytest
 from datasets import Dataset, DatasetDict, IterableDataset, load_from_disk
+from transformers import AutoTokenizer
+
+from conftest import hub_dataset_folder
 
 from vanilla_transformer.data.corpora import (
     LengthFilterReport,
@@ -17,6 +21,7 @@ from vanilla_transformer.data.corpora import (
     load_parallel_data,
     load_parallel_text_files,
     load_translation_file,
+    sentence_batches,
     tokenize_parallel,
 )
 from vanilla_transformer.data.tokenization import train_shared_tokenizer
@@ -231,7 +236,7 @@ def test_tokenize_parallel_filters_by_length(word_tokenizer, caplog):
         longest_dropped_target=11,
     )
     assert report.as_dict()["dropped"] == 8
-    assert filtered.column_names == ["input_ids", "attention_mask", "labels"]
+    assert filtered.column_names == ["input_ids", "labels"]  # the collator makes the attention mask
     assert [len(ids) for ids in filtered["input_ids"]] == [5, 6]
     assert [len(labels) for labels in filtered["labels"]] == [8, 7]
     assert filtered[0]["labels"] == word_tokenizer(repeated("maus", 7)).input_ids
@@ -258,3 +263,98 @@ def test_tokenize_parallel_on_real_corpus(pairs, files):
     assert tokenizer.decode(filtered[0]["labels"], skip_special_tokens=True) == pairs[0][1]
     with pytest.raises(TypeError):
         tokenize_parallel(DatasetDict(train=dataset), tokenizer, "en", "de", 10, 10)
+
+
+# --- Arrow, datasets by name and the cache --------------------------------------------------------
+
+
+def test_text_files_are_read_once_into_a_memory_mapped_cache_that_follows_the_files(pairs, files, tmp_path):
+    cache = tmp_path / "cache"
+    first = load_parallel_text_files(files["en"], files["de"], "en", "de", cache_dir=cache)
+    (arrow,) = [Path(f["filename"]) for f in first.cache_files]  # memory-mapped, not a Python list
+    assert arrow.is_relative_to(cache) and first[:]["translation"] == expected(pairs)
+    written = arrow.stat().st_mtime_ns
+    again = load_parallel_text_files(files["en"], files["de"], "en", "de", cache_dir=cache)
+    assert [f["filename"] for f in again.cache_files] == [str(arrow)] and arrow.stat().st_mtime_ns == written
+    redone = load_parallel_text_files(files["en"], files["de"], "en", "de", cache_dir=cache, overwrite_cache=True)
+    assert arrow.stat().st_mtime_ns > written and redone[:]["translation"] == expected(pairs)
+    # Edited files are read again: the cache is keyed by their size and modification time, not only their paths.
+    edited = tmp_path / "train.de"
+    write_lines(edited, [t for _, t in pairs[:-1]] + ["Geändert."])
+    source = tmp_path / "train.en"
+    source.write_bytes(files["en"].read_bytes())
+    before = load_parallel_text_files(source, edited, "en", "de", cache_dir=cache)
+    write_lines(edited, [t for _, t in pairs])
+    assert before[-1]["translation"]["de"] == "Geändert."
+    assert load_parallel_text_files(source, edited, "en", "de", cache_dir=cache)[-1]["translation"]["de"] == pairs[-1][1]
+
+
+def test_a_refused_file_leaves_nothing_in_the_cache(tmp_path):
+    src = write_lines(tmp_path / "one.en", ["a"] * 5)
+    tgt = write_lines(tmp_path / "one.de", ["a"] * 4 + [""])
+    with pytest.raises(ValueError, match=r"one\.de, line 5: empty 'de' sentence"):
+        load_parallel_text_files(src, tgt, "en", "de", cache_dir=tmp_path / "cache")
+    assert [p for p in (tmp_path / "cache").rglob("*") if p.is_file()] == []
+
+
+def test_long_files_are_checked_across_chunks(tmp_path, monkeypatch):
+    from vanilla_transformer.data import corpora
+
+    monkeypatch.setattr(corpora, "CHUNK", 3)  # errors must name the line in the file, not in its chunk
+    src = write_lines(tmp_path / "long.en", [f"s{i}" for i in range(10)])
+    tgt = write_lines(tmp_path / "long.de", [f"t{i}" for i in range(7)] + ["", "t8", "t9"])
+    with pytest.raises(ValueError, match=r"long\.de, line 8: empty 'de' sentence"):
+        load_parallel_text_files(src, tgt, "en", "de", cache_dir=tmp_path / "cache")
+    short = write_lines(tmp_path / "short.de", [f"t{i}" for i in range(8)])
+    with pytest.raises(ValueError, match=r"long\.en has 10 lines but .*short\.de has 8"):
+        load_parallel_text_files(src, short, "en", "de", cache_dir=tmp_path / "cache")
+    bad = tmp_path / "bad.de"
+    bad.write_bytes(b"".join(f"t{i}\n".encode() for i in range(7)) + b"\xff\nt8\nt9\n")
+    with pytest.raises(ValueError, match=r"bad\.de, line 8: not valid UTF-8"):
+        load_parallel_text_files(src, bad, "en", "de", cache_dir=tmp_path / "cache")
+    loaded = load_parallel_text_files(src, write_lines(tmp_path / "ok.de", [f"t{i}" for i in range(10)]), "en", "de",
+                                      cache_dir=tmp_path / "cache")
+    assert [row["en"] for row in loaded["translation"]] == [f"s{i}" for i in range(10)]
+
+
+def test_a_local_folder_in_the_hubs_layout_loads_by_name_and_config(pairs, tmp_path):
+    from vanilla_transformer.training import load_raw_splits, parse_training_args
+
+    folder = hub_dataset_folder(tmp_path / "wmt14", {"train": pairs[:150], "validation": pairs[150:170],
+                                                     "test": pairs[170:]})
+    loaded = load_parallel_data(folder, "en", "de", config_name="de-en", cache_dir=str(tmp_path / "cache"))
+    assert sorted(loaded) == ["test", "train", "validation"]
+    assert loaded["test"][:]["translation"] == expected(pairs[170:])
+    # As transformers' run_translation.py spells it; --dataset stays an alias.
+    for flag in ("--dataset_name", "--dataset"):
+        data = parse_training_args(["--output_dir", str(tmp_path / "run"), flag, str(folder),
+                                    "--dataset_config_name", "de-en", "--max_train_samples", "100"])[1]
+        splits = load_raw_splits(data)
+        assert {name: len(split) for name, split in splits.items()} == {"train": 100, "validation": 20, "test": 30}
+    with pytest.raises(ValueError, match="fr-en"):
+        load_parallel_data(folder, "en", "de", config_name="fr-en", cache_dir=str(tmp_path / "cache"))
+
+
+def test_the_vocabulary_trains_on_the_arrow_column_as_on_a_list(pairs, files, tmp_path):
+    dataset = load_parallel_text_files(files["en"], files["de"], "en", "de", cache_dir=tmp_path / "cache")
+    batches = list(sentence_batches(dataset, ("en", "de"), batch_size=64))
+    assert [len(batch) for batch in batches] == [64, 64, 64, 64, 64, 64, 8, 8]
+    from_list = train_shared_tokenizer([s for pair in pairs for s in pair], vocab_size=300, show_progress=False)
+    from_column = train_shared_tokenizer(sentence_batches(dataset, ("en", "de")), vocab_size=300, show_progress=False)
+    assert from_column.get_vocab() == from_list.get_vocab()
+
+
+def test_tokenization_is_cached_by_data_and_vocabulary(pairs, files, tmp_path):
+    dataset = load_parallel_text_files(files["en"], files["de"], "en", "de", cache_dir=tmp_path / "cache")
+    trained = train_shared_tokenizer([s for pair in pairs for s in pair], vocab_size=300, show_progress=False)
+    first, report = tokenize_parallel(dataset, trained, "en", "de", 64, 64, num_proc=2)
+    assert not report.tokenized_from_cache
+    # The same vocabulary loaded from disk by the next run finds the ids this run wrote.
+    trained.save_pretrained(tmp_path / "bpe")
+    reloaded = AutoTokenizer.from_pretrained(tmp_path / "bpe")
+    second, report = tokenize_parallel(dataset, reloaded, "en", "de", 64, 64, num_proc=2)
+    assert report.tokenized_from_cache and second[:] == first[:]
+    assert second[3]["labels"] == trained(pairs[3][1]).input_ids
+    assert not tokenize_parallel(dataset, reloaded, "en", "de", 64, 64, overwrite_cache=True)[1].tokenized_from_cache
+    other = train_shared_tokenizer([s for pair in pairs for s in pair], vocab_size=200, show_progress=False)
+    assert not tokenize_parallel(dataset, other, "en", "de", 64, 64)[1].tokenized_from_cache

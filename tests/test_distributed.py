@@ -179,6 +179,25 @@ def _check_matches_single(distributed: Path, single: Path):
         assert ours[step] == pytest.approx(theirs[step], rel=LOSS_RTOL), step
 
 
+def test_under_torchrun_one_process_reads_tokenizes_and_trains_the_vocabulary(runs_dir, tmp_path):
+    corpus = {lang: tmp_path / f"train.{lang}" for lang in ("en", "de")}
+    words = {"en": "the a small house green tree dog runs", "de": "das ein kleines Haus grüner Baum Hund läuft"}
+    for lang, path in corpus.items():
+        vocabulary = words[lang].split()
+        path.write_text("".join(" ".join(vocabulary[(i + j) % 8] for j in range(2 + i % 5)) + "\n" for i in range(300)))
+    output = _run(TORCHRUN, runs_dir / "torchrun_files", [
+        *DIST_ARGS, "--max_steps", "2", "--per_device_train_batch_size", "8", "--preprocessing_num_workers", "2",
+        "--train_source_file", str(corpus["en"]), "--train_target_file", str(corpus["de"])])
+    dump = output / "dump"
+    assert sorted(p.name for p in dump.glob("vocabulary_rank*")) == ["vocabulary_rank0"]
+    reports = {rank: json.loads((dump / f"data_rank{rank}.json").read_text()) for rank in (0, 1)}
+    # The main process tokenized; the other read the ids it had written into datasets' cache.
+    assert [reports[rank]["tokenized_from_cache"] for rank in (0, 1)] == [False, True]
+    assert reports[0]["kept"] == reports[1]["kept"] == 256
+    hashes = _hashes(output)
+    assert sorted(hashes) == [0, 1] and hashes[0] == hashes[1]
+
+
 def test_torchrun_2_processes_match_one_process(torchrun_2x8, single):
     _check_matches_single(torchrun_2x8, single)
 

@@ -7,6 +7,7 @@ import os
 import runpy
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -14,7 +15,7 @@ import torch
 from safetensors.torch import load_file
 from transformers import AutoModelForSeq2SeqLM
 
-from conftest import snapshot
+from conftest import hub_dataset_folder, snapshot
 from vanilla_transformer.training import load_raw_splits, parse_training_args
 from vanilla_transformer.training.metrics import corpus_scores, paper_bleu
 
@@ -44,7 +45,7 @@ def test_the_tiny_recipe_trains_averages_and_reports_both_bleu_figures(tmp_path)
     assert "get_ende_bleu.sh" in test["paper_bleu"]["protocol"]
     # Both figures score the saved translations of the test split, each by its own protocol.
     translations = (output / "test_translations.txt").read_text(encoding="utf-8").splitlines()
-    data = parse_training_args(["--output_dir", str(output), "--dataset", "builtin", "--max_eval_samples", "6"])[1]
+    data = parse_training_args(["--output_dir", str(output), "--dataset_name", "builtin", "--max_eval_samples", "6"])[1]
     references = [pair["de"] for pair in load_raw_splits(data)["test"]["translation"]]
     assert test["bleu"] == corpus_scores(translations, references)["bleu"]
     assert test["paper_bleu"]["bleu"] == paper_bleu(translations, references, lang="de")["bleu"]
@@ -68,6 +69,30 @@ def test_the_tiny_recipe_trains_averages_and_reports_both_bleu_figures(tmp_path)
     stamp = (tokenizer_dir / "tokenizer.json").stat().st_mtime_ns
     namespace["shared_vocabulary"](tokenizer_dir, [], 4000, 64)
     assert (tokenizer_dir / "tokenizer.json").stat().st_mtime_ns == stamp
+
+
+def test_the_paper_recipes_default_path_runs_on_a_dataset_by_name(tmp_path):
+    """What `wmt14_en_de.py --model base` runs without --data_dir (the Hub's wmt/wmt14, de-en), end to end, with a local
+    folder in the Hub's layout standing in for it: vocabulary, a few steps, averaging, the test split scored."""
+    from vanilla_transformer.data.builtin_task import build_builtin_task
+
+    task = build_builtin_task()
+    splits = {split: [(p["en"], p["de"]) for p in task[split].select(range(n))["translation"]]
+              for split, n in (("train", 400), ("validation", 8), ("test", 8))}
+    folder = hub_dataset_folder(tmp_path / "wmt14", splits)
+    namespace = recipe(tmp_path / "no_multi30k")
+    assert namespace["recipe_parser"]().parse_args([]).dataset_name == "wmt/wmt14"
+    output = tmp_path / "run"
+    results = namespace["main"]([
+        "--model", "base", "--dataset_name", str(folder), "--output_dir", str(output),
+        "--tokenizer_dir", str(tmp_path / "bpe"), "--preset", "tiny", "--tokens_per_step", "1000",
+        "--max_steps", "5", "--save_steps", "1", "--eval_strategy", "no", "--report_to", "none", "--use_cpu"])
+    saved = json.loads((output / "results.json").read_text())
+    assert saved["averaged_checkpoints"] == [f"checkpoint-{step}" for step in range(1, 6)]
+    assert saved["test"]["num_sentences"] == 8 and "bleu" in saved["test"]["paper_bleu"]
+    assert results["train"]["length_filter"]["kept"] == 400
+    assert set(saved["train"]["data_stage"]) == {"read", "vocabulary", "tokenize", "plan", "first_step"}
+    assert f"{folder} (de-en)" in (output / "README.md").read_text()
 
 
 def test_the_recipe_refuses_settings_that_would_fail_after_training(tmp_path, monkeypatch):
@@ -133,7 +158,7 @@ def test_the_recipes_own_flags_are_refused_by_name(flags, message, capsys, tmp_p
 
 
 def test_the_cost_table_projects_the_measured_step_to_the_papers_runs(capsys, tmp_path):
-    from scripts.benchmarks.cost_model import cost_table, measured_step_seconds
+    from vanilla_transformer.training.cost_model import cost_table, measured_step_seconds
 
     report = {"environment": {"gpu": "NVIDIA H200"}, "sections": {"paper_batch_training": {"result": {
         "source_tokens": 10_000, "target_tokens": 15_000, "presets": {
@@ -174,12 +199,14 @@ def corpus(tmp_path_factory) -> Path:
 
 def test_the_multi30k_recipe_ends_in_an_averaged_scored_folder_that_translate_py_uses(corpus, tmp_path):
     output = tmp_path / "m30k"
+    started = time.time()
     results = multi30k_recipe()["main"]([
         "--output_dir", str(output), "--data_dir", str(corpus), "--test_source_file", str(corpus / "heldout.en"),
         "--test_target_file", str(corpus / "heldout.de"),
         # train.py flags win over the recipe's: a tiny model, a few steps, still more checkpoints than averaged.
         "--preset", "tiny", "--vocab_size", "300", "--max_steps", "6", "--save_steps", "1", "--eval_steps", "3",
         "--noam_warmup_steps", "2", "--per_device_eval_batch_size", "8"])
+    elapsed_minutes = (time.time() - started) / 60
 
     saved = json.loads((output / "results.json").read_text())
     # The hour, less 2 minutes for the rest of the command and 1 for the held-out pair, is training's budget.
@@ -206,9 +233,15 @@ def test_the_multi30k_recipe_ends_in_an_averaged_scored_folder_that_translate_py
     card = (output / "README.md").read_text()
     assert "Held-out test sets" in card and f"| {held_out['dataset_name']} | 8 |" in card
     assert f"| BLEU, lowercased | {saved['validation']['bleu_lowercase']:.2f} | `nrefs:1\\|case:lc" in card
-    assert (output / "validation_bleu.png").is_file() and saved["minutes"] > 0
+    assert (output / "validation_bleu.png").is_file()
+    # The command's minutes, by its own clock: its whole run (training among it), within the test's.
+    assert saved["train"]["train_runtime"] / 60 < saved["minutes"] <= elapsed_minutes
+    # Each evaluation during training is logged with the minutes since the command began: after its own run time,
+    # the second after the first by at least its own, both before the command ended.
     state = json.loads((output / "checkpoint-6" / "trainer_state.json").read_text())
-    assert [round(e["minutes"], 6) > 0 for e in state["log_history"] if "eval_bleu" in e] == [True, True]
+    first, second = [entry for entry in state["log_history"] if "eval_bleu" in entry]
+    assert first["eval_runtime"] / 60 <= first["minutes"]
+    assert first["minutes"] + second["eval_runtime"] / 60 <= second["minutes"] <= saved["minutes"]
 
     command = [sys.executable, str(ROOT / "scripts" / "translate.py"), "--model", str(output), "--num_beams", "1",
                "--max_new_tokens", "8"]

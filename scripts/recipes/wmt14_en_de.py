@@ -1,13 +1,15 @@
 #!/usr/bin/env python
 """The paper's WMT14 English→German runs end to end (§5, §6.1): one command per model.
 
-    accelerate launch scripts/recipes/wmt14_en_de.py --model base                # data from the Hub (wmt14 de-en)
+    accelerate launch scripts/recipes/wmt14_en_de.py --model base                # data from the Hub (wmt/wmt14 de-en)
+    accelerate launch scripts/recipes/wmt14_en_de.py --model base --dataset_name /data/wmt14  # a local copy of it
     accelerate launch scripts/recipes/wmt14_en_de.py --model big --data_dir /data/wmt14   # or local text files
     python scripts/recipes/wmt14_en_de.py --model base --scale tiny              # the same pipeline, minutes on a CPU
     python scripts/recipes/wmt14_en_de.py --cost_table --step_times device_check.json   # what the full runs cost
 
 Stages, each the paper's:
-1. data: WMT14 train, newstest2013 (validation), newstest2014 (test);
+1. data: WMT14 train, newstest2013 (validation), newstest2014 (test), read into memory-mapped Arrow and tokenized once
+   into datasets' cache, which the next run (and every other process of this one) reads back;
 2. one shared BPE vocabulary of 37,000 tokens (§5.1), trained once into --tokenizer_dir and reused by every run;
 3. batches of about 25,000 source + 25,000 target tokens per optimizer step (§5.1), whatever the number of processes:
    the per-device budget and gradient accumulation are planned from the data's lengths and logged;
@@ -26,7 +28,8 @@ and wins over the recipe's own value, except that the planned batch (--tokens_pe
 --max_tokens_per_batch or --gradient_accumulation_steps.
 
 Under accelerate the main process alone downloads the data and trains the vocabulary while the others wait, so
-the process group waits up to max(--ddp_timeout, 2 h) instead of torch's default.
+the process group waits up to max(--ddp_timeout, 2 h) instead of torch's default. The main process also reads and
+tokenizes the data first (scripts/train.py's `run()`); the others then read the cache it wrote.
 """
 
 import argparse
@@ -36,6 +39,7 @@ from datetime import timedelta
 from pathlib import Path
 
 from accelerate import PartialState
+from vanilla_transformer.data.corpora import sentence_batches
 from vanilla_transformer.data.tokenization import train_shared_tokenizer
 from vanilla_transformer.training import check_run_can_start, load_raw_splits, parse_training_args, run
 
@@ -60,8 +64,11 @@ def recipe_parser() -> argparse.ArgumentParser:
     parser.add_argument("--model", choices=sorted(PAPER), default="base")
     parser.add_argument("--scale", choices=("paper", "tiny"), default="paper")
     parser.add_argument("--output_dir", type=Path, help="default: runs/wmt14_en_de_<model>[_tiny]")
-    parser.add_argument("--data_dir", type=Path, help="local line-aligned text files train.{en,de}, "
-                        "newstest2013.{en,de}, newstest2014.{en,de}; default: the Hub's wmt14 de-en")
+    parser.add_argument("--dataset_name", default="wmt/wmt14", help="the dataset on the Hub, or a local folder laid "
+                        "out like its repository (parquet files under de-en/, configs in README.md)")
+    parser.add_argument("--dataset_config_name", default="de-en")
+    parser.add_argument("--data_dir", type=Path, help="instead of --dataset_name: local line-aligned text files "
+                        "train.{en,de}, newstest2013.{en,de}, newstest2014.{en,de}")
     parser.add_argument("--tokenizer_dir", type=Path,
                         help="the shared BPE vocabulary, trained here if absent; default: runs/wmt14_en_de_bpe<size>")
     parser.add_argument("--cost_table", action="store_true", help="print the projected cost of the full runs, exit")
@@ -71,17 +78,18 @@ def recipe_parser() -> argparse.ArgumentParser:
 
 
 def data_flags(recipe, output_dir: Path) -> list[str]:
-    """train.py's data flags: WMT14 (local files or the Hub) at paper scale; Multi30k or the built-in task tiny.
+    """train.py's data flags: WMT14 (a dataset by name, or local files) at paper scale; Multi30k or the built-in task
+    tiny.
     Writes nothing: the input files are checked here, and the Multi30k halves are written by `write_val_halves`."""
     if recipe.scale == "tiny":
         if not (MULTI30K / "train.en").is_file():
-            return ["--dataset", "builtin", "--max_train_samples", "20000", "--max_eval_samples", "200"]
+            return ["--dataset_name", "builtin", "--max_train_samples", "20000", "--max_eval_samples", "200"]
         folder = val_halves_folder(output_dir)
         inputs = {"train": MULTI30K / "train", "val": MULTI30K / "val"}
         files = {"train": MULTI30K / "train", "validation": folder / "validation", "test": folder / "test"}
         where = f"--scale tiny reads Multi30k from {MULTI30K}, which needs train and val"
     elif recipe.data_dir is None:
-        return ["--dataset", "wmt14", "--dataset_config_name", "de-en"]
+        return ["--dataset_name", recipe.dataset_name, "--dataset_config_name", recipe.dataset_config_name]
     else:
         files = inputs = {"train": recipe.data_dir / "train", "validation": recipe.data_dir / "newstest2013",
                           "test": recipe.data_dir / "newstest2014"}
@@ -119,9 +127,8 @@ def shared_vocabulary(tokenizer_dir: Path, data, vocab_size: int, max_length: in
     with state.main_process_first():
         if state.is_main_process and not (tokenizer_dir / "tokenizer.json").is_file():
             train = load_raw_splits(data)["train"]
-            texts = [pair[lang] for pair in train["translation"] for lang in ("en", "de")]
-            train_shared_tokenizer(texts, vocab_size=vocab_size, model_max_length=max_length).save_pretrained(
-                tokenizer_dir)
+            train_shared_tokenizer(sentence_batches(train, ("en", "de")), vocab_size=vocab_size,
+                                   model_max_length=max_length, num_texts=2 * len(train)).save_pretrained(tokenizer_dir)
     return tokenizer_dir
 
 
@@ -158,9 +165,7 @@ def main(argv=None) -> dict | None:
             parser.error(f"--cost_table needs --step_times REPORT, the device_check.json of scripts/device_check.sh "
                          f"run on a GPU; got {recipe.step_times}" + ("" if recipe.step_times is None else
                                                                      ": no such file"))
-        if str(ROOT) not in sys.path:
-            sys.path.insert(0, str(ROOT))  # run as a script: the measurement toolkit lives in the checkout
-        from scripts.benchmarks.cost_model import cost_table
+        from vanilla_transformer.training.cost_model import cost_table
 
         print(cost_table(json.loads(recipe.step_times.read_text()), recipe.step_times))
         return None
@@ -176,7 +181,7 @@ def main(argv=None) -> dict | None:
     tokenizer_dir = recipe.tokenizer_dir or ROOT / "runs" / f"wmt14_en_de{suffix}_bpe{scale['vocab_size']}"
     parsed = parse_training_args([*training_flags(recipe, paper, scale, output_dir, tokenizer_dir), *data, *passthrough])
     check_run_can_start(parsed[0], parsed[2], parsed[3])  # before the vocabulary or the data halves are written
-    if recipe.scale == "tiny" and "--dataset" not in data:
+    if recipe.scale == "tiny" and "--dataset_name" not in data:
         write_val_halves(output_dir)
     shared_vocabulary(tokenizer_dir, parsed[1], scale["vocab_size"], scale["max_length"])
     results = run(*parsed)

@@ -12,11 +12,14 @@
    evaluation (which need collectives under FSDP / ZeRO-3; see docs/distributed.md).
 3. With VT_STEP_SLEEP=<seconds> every training step sleeps that long first (no numerical effect), so that a
    test can kill a run between two checkpoints.
+4. With VT_DUMP_DIR set, every rank that trains a vocabulary writes `<VT_DUMP_DIR>/vocabulary_rank<r>`, and every
+   rank writes what its data stage did (the length filter's report) to `<VT_DUMP_DIR>/data_rank<r>.json`.
 
 Everything else is scripts/train.py unchanged: same arguments, same `run()`.
 """
 
 import hashlib
+import json
 import os
 import sys
 import time
@@ -85,6 +88,34 @@ def train_and_report(self, *args, **kwargs):
     return output
 
 
+RUN_MODULE = sys.modules["vanilla_transformer.training.run"]
+_train_vocabulary = RUN_MODULE.train_shared_tokenizer
+_run = train_script.run
+
+
+def dump_path(name: str) -> Path | None:
+    dump = os.environ.get("VT_DUMP_DIR")
+    if not dump:
+        return None
+    Path(dump).mkdir(parents=True, exist_ok=True)
+    return Path(dump, name.format(rank=os.environ.get("RANK", "0")))
+
+
+def reported_vocabulary(*args, **kwargs):
+    if (path := dump_path("vocabulary_rank{rank}")) is not None:
+        path.write_text("trained")
+    return _train_vocabulary(*args, **kwargs)
+
+
+def reported_run(*args, **kwargs):
+    results = _run(*args, **kwargs)
+    if (path := dump_path("data_rank{rank}.json")) is not None:
+        path.write_text(json.dumps(results["train"]["length_filter"]))
+    return results
+
+
+RUN_MODULE.train_shared_tokenizer = reported_vocabulary
+train_script.run = reported_run
 training.PaperTrainer.train = train_and_report
 if float(os.environ.get("VT_STEP_SLEEP", "0")) > 0:
     training.PaperTrainer.training_step = slow_training_step

@@ -1,16 +1,26 @@
-"""Parallel corpora in the Hugging Face translation format: {"translation": {src_lang: ..., tgt_lang: ...}}."""
+"""Parallel corpora in the Hugging Face translation format: {"translation": {src_lang: ..., tgt_lang: ...}}.
+
+Text stays in memory-mapped Arrow from the files to the token ids, as fairseq-preprocess keeps it in binarized
+files: text files are read chunk by chunk into an Arrow file in 🤗 datasets' cache (keyed by the files' paths, sizes
+and modification times, so a second run reads it back), the shared vocabulary trains from an iterator over that
+column (`sentence_batches`), and `tokenize_parallel` maps over it with `num_proc` processes into datasets' cache,
+keyed by the data and the tokenizer, so the next run with the same data and vocabulary starts from the ids.
+"""
 
 from __future__ import annotations
 
+import hashlib
+import itertools
 import json
 import logging
 import os
-from collections.abc import Iterator
+import time
+from collections.abc import Callable, Iterator
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
 import numpy as np
-import pyarrow.compute as pc
+import pyarrow as pa
 from datasets import (
     Dataset,
     DatasetDict,
@@ -22,81 +32,157 @@ from datasets import (
     load_dataset,
     load_from_disk,
 )
+from datasets.arrow_writer import ArrowWriter
+from tokenizers import Tokenizer
 from transformers import PreTrainedTokenizerBase
+
+from .batching import example_lengths
 
 logger = logging.getLogger(__name__)
 
 PathLike = str | os.PathLike
-# (source, target, where the source came from, where the target came from)
-_Row = tuple[str, str, str, str]
+CHUNK = 100_000  # lines read, checked and written at a time: memory stays flat in the corpus size
+# Bump when what a cached Arrow file holds changes, so old files are not read back.
+CACHE_FORMAT = 1
+# A chunk of pairs: sources, targets, and where row i's side s (0 source, 1 target) came from, for errors.
+_Chunk = tuple[list[str], list[str], Callable[[int, int], str]]
 
 
-def _read_lines(path: PathLike) -> list[str]:
-    # Binary mode: text mode reports decode errors without a line number. Splitting on b"\n" only (unlike
-    # str.splitlines(), which also splits on U+2028/U+0085 inside sentences) keeps both sides aligned.
-    lines = []
-    with open(path, "rb") as handle:
-        for lineno, raw in enumerate(handle, start=1):
+def available_cores() -> int:
+    """The cores this process may run on (a container's or `taskset`'s limit, not the machine's count)."""
+    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+
+
+def _decode(raw: list[bytes], path: PathLike, first_lineno: int, strip: bool = True) -> list[str]:
+    # Lines split on b"\n" only (unlike str.splitlines(), which also splits on U+2028/U+0085 inside sentences), so
+    # both sides stay aligned; decoded per line so that an error names its line.
+    try:
+        lines = [line.decode("utf-8").strip() if strip else line.decode("utf-8").rstrip("\r\n") for line in raw]
+    except UnicodeDecodeError:
+        for offset, line in enumerate(raw):
             try:
-                lines.append(raw.decode("utf-8-sig" if lineno == 1 else "utf-8").rstrip("\r\n"))
+                line.decode("utf-8")
             except UnicodeDecodeError as err:
-                raise ValueError(
-                    f"{path}, line {lineno}: not valid UTF-8 ({err.reason} at byte {err.start} of the line)"
-                ) from err
-    if not any(line.strip() for line in lines):
-        raise ValueError(f"{path} is empty")
+                raise ValueError(f"{path}, line {first_lineno + offset}: not valid UTF-8 ({err.reason} at byte "
+                                 f"{err.start} of the line)") from err
+        raise
+    if first_lineno == 1 and lines and lines[0].startswith("\ufeff"):
+        lines[0] = lines[0][1:].strip() if strip else lines[0][1:]  # a byte-order mark is not text
     return lines
 
 
-def _to_dataset(rows: Iterator[_Row], src_lang: str, tgt_lang: str, origin: str) -> Dataset:
+def _lines(path: PathLike) -> Iterator[tuple[int, str]]:
+    """(line number, text without its line break) of every line of a UTF-8 file, read a chunk at a time."""
+    with open(path, "rb") as handle:
+        start = 1
+        while raw := list(itertools.islice(handle, CHUNK)):
+            yield from enumerate(_decode(raw, path, start, strip=False), start=start)
+            start += len(raw)
+
+
+def _text_chunks(src_path: PathLike, tgt_path: PathLike) -> Iterator[_Chunk]:
+    with open(src_path, "rb") as src_handle, open(tgt_path, "rb") as tgt_handle:
+        start, seen = 1, [False, False]
+        while True:
+            src_raw, tgt_raw = list(itertools.islice(src_handle, CHUNK)), list(itertools.islice(tgt_handle, CHUNK))
+            if len(src_raw) != len(tgt_raw):
+                counts = [start - 1 + len(raw) + sum(1 for _ in handle)
+                          for raw, handle in ((src_raw, src_handle), (tgt_raw, tgt_handle))]
+                for side, (path, raw) in enumerate(((src_path, src_raw), (tgt_path, tgt_raw))):
+                    if not seen[side] and not any(line.strip() for line in raw):
+                        raise ValueError(f"{path} is empty")
+                raise ValueError(f"{src_path} has {counts[0]} lines but {tgt_path} has {counts[1]}; parallel text "
+                                 "files must be line-aligned")
+            if not src_raw:
+                return
+            src, tgt = _decode(src_raw, src_path, start), _decode(tgt_raw, tgt_path, start)
+            seen = [seen[0] or any(src), seen[1] or any(tgt)]
+            yield src, tgt, lambda i, side, start=start: f"{(src_path, tgt_path)[side]}, line {start + i}"
+            start += len(src_raw)
+
+
+def _row_chunks(rows: Iterator[tuple[str, str, str]]) -> Iterator[_Chunk]:
+    """Rows of (source, target, where) in chunks."""
+    while chunk := list(itertools.islice(rows, CHUNK)):
+        src, tgt, where = (list(column) for column in zip(*chunk))
+        yield src, tgt, lambda i, side, where=where: where[i]
+
+
+def _cache_file(kind: str, paths: list[PathLike], src_lang: str, tgt_lang: str, cache_dir: PathLike | None) -> Path:
+    stats = [(str(Path(p).resolve()), os.stat(p).st_size, os.stat(p).st_mtime_ns) for p in paths]
+    key = hashlib.sha256(json.dumps([CACHE_FORMAT, kind, stats, src_lang, tgt_lang]).encode()).hexdigest()[:32]
+    return Path(cache_dir or config.HF_DATASETS_CACHE) / "vanilla_transformer" / "parallel_text" / f"{key}.arrow"
+
+
+def _arrow_dataset(chunks: Iterator[_Chunk], files: tuple[PathLike, PathLike], src_lang: str, tgt_lang: str,
+                   path: Path, overwrite_cache: bool) -> Dataset:
+    """The pairs of `chunks` as a memory-mapped Dataset, written to `path` unless it is there already: blank pairs
+    skipped, a pair empty on one side refused with its file and line."""
     if src_lang == tgt_lang:
         raise ValueError(f"src_lang and tgt_lang (--source_lang, --target_lang) are both {src_lang!r}")
-    records, blank = [], 0
-    for src, tgt, src_where, tgt_where in rows:
-        if not src.strip() and not tgt.strip():
-            blank += 1  # blank on both sides: a document separator in corpora like News Commentary
-            continue
-        for text, where, lang in ((src, src_where, src_lang), (tgt, tgt_where, tgt_lang)):
-            if not text.strip():
-                raise ValueError(f"{where}: empty {lang!r} sentence while the other side is not empty")
-        records.append({src_lang: src, tgt_lang: tgt})
-    if blank:
-        logger.info("%s: skipped %d lines that are blank on both sides", origin, blank)
+    if path.is_file() and not overwrite_cache:
+        logger.info("Reading %s + %s from the cache: %s", *files, path)
+        return Dataset.from_file(str(path))
+    languages = sorted((src_lang, tgt_lang))  # the order of datasets' Translation struct
     features = Features({"translation": Translation(languages=[src_lang, tgt_lang])})
-    return Dataset.from_dict({"translation": records}, features=features)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    partial = path.with_name(f"{path.stem}.{os.getpid()}.incomplete")
+    blank, seen = 0, [False, False]
+    try:
+        with ArrowWriter(features=features, path=str(partial)) as writer:
+            for src, tgt, where in chunks:
+                keep = []
+                for i, pair in enumerate(zip(src, tgt)):
+                    if pair[0] and pair[1]:
+                        keep.append(i)
+                    elif pair[0] or pair[1]:
+                        side = 0 if not pair[0] else 1
+                        lang = (src_lang, tgt_lang)[side]
+                        raise ValueError(f"{where(i, side)}: empty {lang!r} sentence while the other side is not empty")
+                    else:
+                        blank += 1  # blank on both sides: a document separator in corpora like News Commentary
+                seen = [seen[0] or bool(keep), seen[1] or bool(keep)]
+                columns = {src_lang: [src[i] for i in keep], tgt_lang: [tgt[i] for i in keep]}
+                pairs = pa.StructArray.from_arrays([pa.array(columns[lang], pa.string()) for lang in languages],
+                                                   names=languages)
+                writer.write_table(pa.table({"translation": pairs}))
+        for side in (0, 1):
+            if not seen[side]:
+                raise ValueError(f"{files[side]} is empty")
+        os.replace(partial, path)  # whole or not at all: another process may be reading the same key
+    finally:
+        partial.unlink(missing_ok=True)
+    if blank:
+        logger.info("%s + %s: skipped %d lines that are blank on both sides", *files, blank)
+    return Dataset.from_file(str(path))
 
 
-def load_parallel_text_files(src_path: PathLike, tgt_path: PathLike, src_lang: str, tgt_lang: str) -> Dataset:
-    src_lines, tgt_lines = _read_lines(src_path), _read_lines(tgt_path)
-    if len(src_lines) != len(tgt_lines):
-        raise ValueError(
-            f"{src_path} has {len(src_lines)} lines but {tgt_path} has {len(tgt_lines)}; "
-            "parallel text files must be line-aligned"
-        )
-    rows = (
-        (src.strip(), tgt.strip(), f"{src_path}, line {lineno}", f"{tgt_path}, line {lineno}")
-        for lineno, (src, tgt) in enumerate(zip(src_lines, tgt_lines), start=1)
-    )
-    return _to_dataset(rows, src_lang, tgt_lang, origin=f"{src_path} + {tgt_path}")
+def load_parallel_text_files(src_path: PathLike, tgt_path: PathLike, src_lang: str, tgt_lang: str,
+                             cache_dir: PathLike | None = None, overwrite_cache: bool = False) -> Dataset:
+    """Two line-aligned text files as a memory-mapped Dataset, read once into datasets' cache (or `cache_dir`);
+    `overwrite_cache` reads them again."""
+    path = _cache_file("text", [src_path, tgt_path], src_lang, tgt_lang, cache_dir)
+    return _arrow_dataset(_text_chunks(src_path, tgt_path), (src_path, tgt_path), src_lang, tgt_lang, path,
+                          overwrite_cache)
 
 
-def _tsv_rows(path: PathLike) -> Iterator[_Row]:
-    for lineno, line in enumerate(_read_lines(path), start=1):
+def _tsv_rows(path: PathLike) -> Iterator[tuple[str, str, str]]:
+    for lineno, line in _lines(path):
         where = f"{path}, line {lineno}"
         if not line.strip():
-            yield "", "", where, where
+            yield "", "", where
             continue
         columns = line.split("\t")
         if len(columns) != 2:
             raise ValueError(f"{where}: expected 2 tab-separated columns (source, target), found {len(columns)}")
-        yield columns[0].strip(), columns[1].strip(), where, where
+        yield columns[0].strip(), columns[1].strip(), where
 
 
-def _jsonl_rows(path: PathLike, src_lang: str, tgt_lang: str) -> Iterator[_Row]:
-    for lineno, line in enumerate(_read_lines(path), start=1):
+def _jsonl_rows(path: PathLike, src_lang: str, tgt_lang: str) -> Iterator[tuple[str, str, str]]:
+    for lineno, line in _lines(path):
         where = f"{path}, line {lineno}"
         if not line.strip():
-            yield "", "", where, where
+            yield "", "", where
             continue
         try:
             record = json.loads(line)
@@ -111,10 +197,12 @@ def _jsonl_rows(path: PathLike, src_lang: str, tgt_lang: str) -> Iterator[_Row]:
             if not isinstance(pair.get(lang), str):
                 problem = "missing" if lang not in pair else f"not a string ({type(pair[lang]).__name__})"
                 raise ValueError(f"{where}: language key {lang!r} is {problem}; keys present: {sorted(pair)}")
-        yield pair[src_lang], pair[tgt_lang], where, where
+        yield pair[src_lang].strip(), pair[tgt_lang].strip(), where
 
 
-def load_translation_file(path: PathLike, src_lang: str, tgt_lang: str) -> Dataset:
+def load_translation_file(path: PathLike, src_lang: str, tgt_lang: str, cache_dir: PathLike | None = None,
+                          overwrite_cache: bool = False) -> Dataset:
+    """A .tsv (source, tab, target) or .jsonl file as a memory-mapped Dataset, cached like text files."""
     suffix = Path(path).suffix.lower()
     if suffix == ".tsv":
         rows = _tsv_rows(path)
@@ -125,7 +213,8 @@ def load_translation_file(path: PathLike, src_lang: str, tgt_lang: str) -> Datas
             f"{path}: unsupported extension {suffix!r}; expected .tsv, .jsonl or .json "
             "(for plain text, pass a source and a target file; for other formats use load_dataset_by_name)"
         )
-    return _to_dataset(rows, src_lang, tgt_lang, origin=str(path))
+    cache = _cache_file(suffix, [path], src_lang, tgt_lang, cache_dir)
+    return _arrow_dataset(_row_chunks(rows), (path, path), src_lang, tgt_lang, cache, overwrite_cache)
 
 
 def _check_translation_column(dataset: Dataset | IterableDataset, where: str, src_lang: str, tgt_lang: str) -> None:
@@ -153,6 +242,10 @@ def _check_translation_column(dataset: Dataset | IterableDataset, where: str, sr
 def load_dataset_by_name(
     name_or_path: PathLike, src_lang: str, tgt_lang: str, config_name: str | None = None, **kwargs
 ) -> Dataset | DatasetDict | IterableDataset | IterableDatasetDict:
+    """A dataset as `run_translation.py` loads it: a Hub name with its config (`wmt/wmt14`, `de-en`), a local folder
+    laid out as the Hub serves a dataset repository (parquet files under `de-en/`, the configs named in README.md's
+    YAML), a `save_to_disk` folder, or a packaged builder (`json` with `data_files=`); `kwargs` go to
+    `load_dataset`. Only the 'translation' column is kept."""
     folder = Path(name_or_path)
     saved_to_disk = folder.is_dir() and any(
         (folder / marker).is_file() for marker in (config.DATASETDICT_JSON_FILENAME, config.DATASET_STATE_JSON_FILENAME)
@@ -182,14 +275,27 @@ def load_parallel_data(
     config_name: str | None = None,
     **kwargs,
 ) -> Dataset | DatasetDict | IterableDataset | IterableDatasetDict:
+    """Two text files (`source`, `target`), one .tsv/.jsonl file, or a dataset by name or folder (with
+    `config_name`); `kwargs` go to the loader (`cache_dir`, and `overwrite_cache` for files)."""
     if Path(source).is_file() or target is not None:
-        if config_name is not None or kwargs:
+        if config_name is not None or set(kwargs) - {"cache_dir", "overwrite_cache"}:
             raise ValueError(f"config_name={config_name!r} (--dataset_config_name) and extra arguments {sorted(kwargs)} "
                              f"apply only to datasets, not to the file {source}")
         if target is not None:
-            return load_parallel_text_files(source, target, src_lang, tgt_lang)
-        return load_translation_file(source, src_lang, tgt_lang)
+            return load_parallel_text_files(source, target, src_lang, tgt_lang, **kwargs)
+        return load_translation_file(source, src_lang, tgt_lang, **kwargs)
+    if kwargs.pop("overwrite_cache", False):
+        kwargs["download_mode"] = "force_redownload"
     return load_dataset_by_name(source, src_lang, tgt_lang, config_name, **kwargs)
+
+
+def sentence_batches(dataset: Dataset, languages: tuple[str, ...], batch_size: int = 10_000) -> Iterator[list[str]]:
+    """The sentences of `languages` of a translation split, a batch of each language at a time, read from the Arrow
+    column (what the shared vocabulary trains on, without a list of the whole corpus)."""
+    for table in dataset.select_columns("translation").with_format("arrow").iter(batch_size):
+        pairs = table.column("translation").combine_chunks()
+        for lang in languages:
+            yield pairs.field(lang).to_pylist()
 
 
 @dataclass(frozen=True)
@@ -201,6 +307,8 @@ class LengthFilterReport:
     # Longest source/target among the dropped examples, whichever side got them dropped; 0 if none were.
     longest_dropped_source: int
     longest_dropped_target: int
+    # Whether the ids were read back from datasets' cache (written by an earlier run, or by the main process).
+    tokenized_from_cache: bool = False
 
     def as_dict(self) -> dict[str, int]:
         return asdict(self)
@@ -215,6 +323,49 @@ class LengthFilterReport:
         )
 
 
+class PairEncoder:
+    """The tokenization map: a batch of translation pairs to `input_ids` and `labels` as Arrow list columns.
+
+    A fast tokenizer whose target side is its source side (ours, and most) runs on a copy of its Rust backend, which
+    gives the ids of `tokenizer(src, text_target=tgt)` without building Python dicts for every pair, and is hashed
+    for datasets' cache by the backend's JSON alone, so a vocabulary trained in this run and the same one loaded
+    from disk by the next run find the same cache. Any other tokenizer goes through that call."""
+
+    def __init__(self, tokenizer: PreTrainedTokenizerBase, src_lang: str, tgt_lang: str):
+        self.src_lang, self.tgt_lang = src_lang, tgt_lang
+        # Tokenizers with a target side of their own (Marian, mBART-50, NLLB) define this hook.
+        if tokenizer.is_fast and not hasattr(tokenizer, "_switch_to_target_mode"):
+            backend = Tokenizer.from_str(tokenizer.backend_tokenizer.to_str())
+            backend.no_truncation()  # a truncated target teaches the model to stop mid-sentence: filtered later
+            backend.no_padding()
+            self.backend_json, self.tokenizer = backend.to_str(), None
+        else:
+            self.backend_json, self.tokenizer = None, tokenizer
+        self._backend = None
+
+    def __getstate__(self):  # what datasets hashes and sends to its processes: not the built backend
+        return {**self.__dict__, "_backend": None}
+
+    def __call__(self, batch: pa.Table) -> pa.Table:
+        pairs = batch.column("translation").combine_chunks()
+        src, tgt = pairs.field(self.src_lang).to_pylist(), pairs.field(self.tgt_lang).to_pylist()
+        if self.backend_json is not None:
+            self._backend = self._backend or Tokenizer.from_str(self.backend_json)
+            source = [encoding.ids for encoding in self._backend.encode_batch_fast(src)]
+            target = [encoding.ids for encoding in self._backend.encode_batch_fast(tgt)]
+        else:
+            encoded = self.tokenizer(src, text_target=tgt, truncation=False)
+            source, target = encoded["input_ids"], encoded["labels"]
+        return pa.table({"input_ids": _list_array(source), "labels": _list_array(target)})
+
+
+def _list_array(ids: list[list[int]]) -> pa.ListArray:
+    offsets = np.zeros(len(ids) + 1, dtype=np.int32)
+    np.cumsum([len(row) for row in ids], out=offsets[1:])
+    values = np.fromiter(itertools.chain.from_iterable(ids), dtype=np.int32, count=int(offsets[-1]))
+    return pa.ListArray.from_arrays(pa.array(offsets), pa.array(values))
+
+
 def tokenize_parallel(
     dataset: Dataset,
     tokenizer: PreTrainedTokenizerBase,
@@ -223,31 +374,27 @@ def tokenize_parallel(
     max_source_length: int,
     max_target_length: int,
     num_proc: int | None = None,
+    overwrite_cache: bool = False,
 ) -> tuple[Dataset, LengthFilterReport]:
+    """Token ids of a split (`input_ids`, `labels`, both ending in </s>) with `num_proc` processes, cached by datasets
+    for the next run (`overwrite_cache` tokenizes again); pairs longer than the limits are dropped and reported."""
     if not isinstance(dataset, Dataset):
         raise TypeError(f"`dataset` must be one split (datasets.Dataset), got {type(dataset).__name__}"
                         + (f" with splits {list(dataset)}: pass one, e.g. dataset['train']" if isinstance(dataset, dict) else ""))
-
-    def encode(pairs):
-        # No truncation: a truncated target teaches the model to stop mid-sentence, so long pairs are dropped below.
-        return tokenizer(
-            [pair[src_lang] for pair in pairs], text_target=[pair[tgt_lang] for pair in pairs], truncation=False
-        )
-
-    tokenized = dataset.map(
-        encode,
+    started = time.time()
+    tokenized = dataset.select_columns("translation").with_format("arrow").map(
+        PairEncoder(tokenizer, src_lang, tgt_lang),
         batched=True,
-        input_columns="translation",
-        remove_columns=dataset.column_names,
-        num_proc=num_proc,
+        batch_size=10_000,
+        remove_columns="translation",
+        num_proc=num_proc if num_proc and num_proc > 1 else None,
+        load_from_cache_file=not overwrite_cache,
         desc=f"Tokenizing {src_lang}->{tgt_lang}",
-    )
+    ).with_format(None)
+    files = tokenized.cache_files
+    from_cache = bool(files) and all(os.stat(f["filename"]).st_mtime < started for f in files)
 
-    # Lengths count the appended </s>. Computed in Arrow rather than inside a filter function, whose side
-    # effects would be lost in worker processes and skipped entirely when the filter result is cached.
-    columns = tokenized.with_format("arrow")[:]
-    src_len = pc.list_value_length(columns["input_ids"]).to_numpy(zero_copy_only=False)
-    tgt_len = pc.list_value_length(columns["labels"]).to_numpy(zero_copy_only=False)
+    src_len, tgt_len = example_lengths(tokenized)
     too_long = (src_len > max_source_length) | (tgt_len > max_target_length)
     filtered = tokenized.select(np.flatnonzero(~too_long)) if too_long.any() else tokenized
 
@@ -258,6 +405,7 @@ def tokenize_parallel(
         max_target_length=max_target_length,
         longest_dropped_source=int(src_len[too_long].max(initial=0)),
         longest_dropped_target=int(tgt_len[too_long].max(initial=0)),
+        tokenized_from_cache=from_cache,
     )
     logger.log(logging.WARNING if report.dropped else logging.INFO, "%s", report)
     return filtered, report

@@ -51,13 +51,16 @@ def train_shared_tokenizer(
     min_frequency: int = 2,
     model_max_length: int = 1024,
     show_progress: bool = True,
+    num_texts: int | None = None,
 ) -> PreTrainedTokenizerFast:
+    """A shared BPE vocabulary of `vocab_size` tokens learnt from `texts`: strings, or batches (lists) of strings
+    such as `corpora.sentence_batches` reads from a dataset's Arrow column; `num_texts` sizes the progress bar."""
     if vocab_size <= len(SPECIAL_TOKENS):
         raise ValueError(
             f"vocab_size={vocab_size} is too small: the {len(SPECIAL_TOKENS)} special tokens "
             f"{SPECIAL_TOKENS} alone need {len(SPECIAL_TOKENS)} ids, plus one per character of the alphabet"
         )
-    length = len(texts) if hasattr(texts, "__len__") else None  # only feeds the progress bar
+    length = num_texts or (len(texts) if hasattr(texts, "__len__") else None)  # only feeds the progress bar
     iterator = _non_empty(texts)
 
     backend = _build_backend()

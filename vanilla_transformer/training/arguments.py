@@ -26,11 +26,16 @@ class ModelArguments:
 
 @dataclass
 class DataArguments:
-    dataset: str = field(
+    dataset_name: str = field(
         default="builtin",
-        metadata={"help": "'builtin' (the package's English-German task), a datasets name or folder, or a "
-                          ".tsv/.jsonl file. Not used when split files (--train_source_file, ...) are given."})
-    dataset_config_name: str | None = None
+        metadata={"aliases": ["--dataset"],
+                  "help": "'builtin' (the package's English-German task), a dataset on the Hub (e.g. wmt/wmt14) or a "
+                          "local folder laid out like one, a save_to_disk folder, or a .tsv/.jsonl file. Not used when "
+                          "split files (--train_source_file, ...) are given."})
+    dataset_config_name: str | None = field(default=None, metadata={
+        "help": "The dataset's configuration (e.g. de-en for wmt/wmt14)."})
+    overwrite_cache: bool = field(default=False, metadata={
+        "help": "Read the data and tokenize it again instead of reading what an earlier run left in datasets' cache."})
     train_source_file: str | None = None
     train_target_file: str | None = None
     validation_source_file: str | None = None
@@ -43,7 +48,9 @@ class DataArguments:
     max_target_length: int = 128
     max_train_samples: int | None = None
     max_eval_samples: int | None = None
-    preprocessing_num_workers: int | None = None
+    preprocessing_num_workers: int | None = field(default=None, metadata={
+        "help": "Processes that tokenize (datasets' map num_proc); default: the cores available, at most one per "
+                "50,000 pairs (starting a process costs more than a small split)."})
     num_examples: int = field(default=5, metadata={"help": "Test sentences to translate and show at the end."})
 
 
@@ -152,10 +159,11 @@ class TranslationTrainingArguments(Seq2SeqTrainingArguments):
                              "mixed precision on a CPU, or drop the flag.")
 
 
-TrainingArguments = tuple[ModelArguments, DataArguments, RecipeArguments, TranslationTrainingArguments]
+# What parse_training_args returns: the arguments of one run, in the order `run()` takes them.
+RunArguments = tuple[ModelArguments, DataArguments, RecipeArguments, TranslationTrainingArguments]
 
 
-def parse_training_args(argv: list[str] | None = None) -> TrainingArguments:
+def parse_training_args(argv: list[str] | None = None) -> RunArguments:
     """scripts/train.py's command line (every Seq2SeqTrainingArguments flag too) as its four dataclasses;
     `argv` None reads sys.argv, and a single `.json` argument reads the flags from that file."""
     parser = HfArgumentParser((ModelArguments, DataArguments, RecipeArguments, TranslationTrainingArguments))
@@ -165,14 +173,5 @@ def parse_training_args(argv: list[str] | None = None) -> TrainingArguments:
     return parser.parse_args_into_dataclasses(arguments)
 
 
-def native_bf16() -> bool:
-    """Whether this machine multiplies bf16 matrices natively: a CUDA GPU that supports bf16, or a CPU with
-    AVX-512 BF16 / AMX (oneDNN's check). Elsewhere bf16 is emulated, far slower than float32."""
-    if torch.cuda.is_available():
-        return torch.cuda.is_bf16_supported()
-    check = getattr(torch.ops.mkldnn, "_is_mkldnn_bf16_supported", None)
-    return bool(check()) if check is not None else False
-
-
-__all__ = ["native_bf16", "ModelArguments", "DataArguments", "RecipeArguments", "TranslationTrainingArguments", "TrainingArguments",
+__all__ = ["ModelArguments", "DataArguments", "RecipeArguments", "TranslationTrainingArguments", "RunArguments",
            "parse_training_args"]

@@ -1,22 +1,39 @@
-"""The paper's recipe as stages on the stock `Seq2SeqTrainer`: data, vocabulary, model, batches, training, then a
-Hub-ready folder (averaged, evaluated, with its card). `run()` calls them in order; scripts/train.py, the demo and
-the recipes call `run()`. The same code runs under `torchrun` / `accelerate launch`.
+"""The paper's recipe as stages on `PaperTrainer` (a `Seq2SeqTrainer`): data, vocabulary, model, batches, training,
+then a Hub-ready folder (averaged, evaluated, with its card). `run()` calls them in order; scripts/train.py, the demo
+and the recipes call `run()`. The same code runs under `torchrun` / `accelerate launch`, where the main process
+reads the data and tokenizes while the others wait, then read what it wrote, and trains the vocabulary it sends them.
 """
 
 import json
 import logging
 import math
 import os
+import resource
+import time
 from dataclasses import asdict
 from pathlib import Path
 
+from accelerate.utils import broadcast_object_list
 from datasets import DatasetDict
-from transformers import AutoModelForSeq2SeqLM, AutoTokenizer, GenerationConfig, enable_full_determinism, set_seed
+from transformers import (
+    AutoModelForSeq2SeqLM,
+    AutoTokenizer,
+    GenerationConfig,
+    TrainerCallback,
+    enable_full_determinism,
+    set_seed,
+)
 from transformers.utils import GENERATION_CONFIG_NAME
 
 from ..configuration_vanilla_transformer import VanillaTransformerConfig, paper_generation_config
 from ..data.batching import TranslationDataCollator, example_lengths, plan_token_batches
-from ..data.corpora import load_parallel_data, load_parallel_text_files, tokenize_parallel
+from ..data.corpora import (
+    available_cores,
+    load_parallel_data,
+    load_parallel_text_files,
+    sentence_batches,
+    tokenize_parallel,
+)
 from ..data.tokenization import train_shared_tokenizer
 from ..modeling_vanilla_transformer import VanillaTransformerForConditionalGeneration
 from ..tools.folders import check_output_dir
@@ -38,15 +55,23 @@ def run(model_args: ModelArguments, data: DataArguments, recipe: RecipeArguments
     """Train, evaluate BLEU on the test (else validation) split, save a Hub-ready folder; return the results.
     `callbacks`: TrainerCallbacks for the run's Trainer."""
     check_run_can_start(model_args, recipe, args)
-    raw = load_raw_splits(data)
-    tokenizer = build_tokenizer(model_args, raw["train"], data)
+    clock = DataStageClock()
+    with args.main_process_first(desc="reading the data"):
+        raw = load_raw_splits(data)
+    clock.stage("read")
+    tokenizer = build_tokenizer(model_args, raw["train"], data, args)
+    clock.stage("vocabulary")
     # Seed before the weights are drawn: Trainer seeds only later, and every rank must start from the same model.
     (enable_full_determinism if args.full_determinism else set_seed)(args.seed)
     checkpoint = resolve_checkpoint(args.resume_from_checkpoint, args.output_dir, args.world_size)
     model = build_model(model_args, recipe, tokenizer, resumed_from=checkpoint)
     train_set, eval_set, results = tokenize_splits(raw, tokenizer, data, args)
+    clock.stage("tokenize")
+    results["train"]["data_stage"] = clock.times
     budget = [TrainingTimeBudget(recipe.max_train_minutes, recipe.lr_decay_minutes)] if recipe.max_train_minutes else []
-    trainer = build_trainer(model, tokenizer, train_set, eval_set, recipe, args, results, [*(callbacks or []), *budget])
+    trainer = build_trainer(model, tokenizer, train_set, eval_set, recipe, args, results,
+                            [*(callbacks or []), *budget, clock])
+    clock.stage("plan")
     results["train"].update(train(trainer, args, checkpoint))
     if budget:
         results["train"].update(max_train_minutes=recipe.max_train_minutes, lr_decay_minutes=recipe.lr_decay_minutes,
@@ -64,18 +89,21 @@ def check_run_can_start(model_args: ModelArguments, recipe: RecipeArguments, arg
 
 
 def load_raw_splits(data: DataArguments) -> DatasetDict:
+    """The splits as memory-mapped Arrow: split files, or --dataset_name (with --dataset_config_name), or the built-in
+    task; validation may be called 'valid'; --max_train_samples and --max_eval_samples applied."""
     files_given = any(getattr(data, f"{s}_{side}_file") for s in SPLITS for side in ("source", "target"))
-    if files_given:  # split files replace --dataset entirely, so splits never mix two corpora
+    if files_given:  # split files replace --dataset_name entirely, so splits never mix two corpora
         splits = DatasetDict()
-    elif data.dataset == "builtin":
+    elif data.dataset_name == "builtin":
         if {data.source_lang, data.target_lang} != {"en", "de"}:
             raise ValueError(f"The built-in task is English-German; got --source_lang {data.source_lang} "
                              f"--target_lang {data.target_lang}.")
-        from ..data.builtin_task import build_builtin_task  # 400 lines of grammar tables, loaded only here
+        from ..data.builtin_task import build_builtin_task  # grammar tables, loaded only here
 
         splits = build_builtin_task()
     else:
-        loaded = load_parallel_data(data.dataset, data.source_lang, data.target_lang, data.dataset_config_name)
+        loaded = load_parallel_data(data.dataset_name, data.source_lang, data.target_lang,
+                                    config_name=data.dataset_config_name, overwrite_cache=data.overwrite_cache)
         splits = DatasetDict(dict(loaded) if isinstance(loaded, DatasetDict) else {"train": loaded})
     for split in SPLITS:
         source, target = getattr(data, f"{split}_source_file"), getattr(data, f"{split}_target_file")
@@ -84,12 +112,13 @@ def load_raw_splits(data: DataArguments) -> DatasetDict:
             raise ValueError(f"--{split}_{given}_file {source or target} was given without --{split}_{missing}_file: "
                              "give both.")
         if source is not None:
-            splits[split] = load_parallel_text_files(source, target, data.source_lang, data.target_lang)
+            splits[split] = load_parallel_text_files(source, target, data.source_lang, data.target_lang,
+                                                     overwrite_cache=data.overwrite_cache)
     if "validation" not in splits and "valid" in splits:
         splits["validation"] = splits.pop("valid")
     if "train" not in splits:
-        raise ValueError(f"--dataset {data.dataset!r} has no 'train' split (splits: {sorted(splits)}); give one "
-                         "that has, or --train_source_file and --train_target_file.")
+        raise ValueError(f"--dataset_name {data.dataset_name!r} has no 'train' split (splits: {sorted(splits)}); give "
+                         "one that has, or --train_source_file and --train_target_file.")
     for split, limit in (("train", data.max_train_samples), ("validation", data.max_eval_samples),
                          ("test", data.max_eval_samples)):
         if limit is not None and split in splits:
@@ -97,13 +126,19 @@ def load_raw_splits(data: DataArguments) -> DatasetDict:
     return splits
 
 
-def build_tokenizer(model_args: ModelArguments, train_split, data: DataArguments):
+def build_tokenizer(model_args: ModelArguments, train_split, data: DataArguments, args: TranslationTrainingArguments):
+    """The given tokenizer (--tokenizer_name_or_path, else the checkpoint's), or §5.1's shared BPE trained on the
+    training split by the main process, which sends it to the others."""
     source = model_args.tokenizer_name_or_path or model_args.model_name_or_path
     if source is not None:
         return AutoTokenizer.from_pretrained(source)
-    texts = [pair[lang] for pair in train_split["translation"] for lang in (data.source_lang, data.target_lang)]
-    return train_shared_tokenizer(texts, vocab_size=model_args.vocab_size, model_max_length=max(
-        data.max_source_length, data.max_target_length))
+    tokenizer = [None]
+    if args.process_index == 0:
+        languages = (data.source_lang, data.target_lang)
+        tokenizer = [train_shared_tokenizer(sentence_batches(train_split, languages), vocab_size=model_args.vocab_size,
+                                            model_max_length=max(data.max_source_length, data.max_target_length),
+                                            num_texts=2 * len(train_split))]
+    return broadcast_object_list(tokenizer, from_process=0)[0] if args.world_size > 1 else tokenizer[0]
 
 
 # Config fields that a flag or the tokenizer sets: given in --config_overrides they would be silently replaced.
@@ -235,9 +270,10 @@ def tokenize_splits(raw: DatasetDict, tokenizer, data: DataArguments, args: Tran
     """The training split (and the validation split when Trainer evaluates) as ids; long pairs dropped and
     reported. Returns both and the results so far (the length filter's report)."""
     def tokenized(split):
+        workers = data.preprocessing_num_workers or min(available_cores(), max(1, len(raw[split]) // 50_000))
         with args.main_process_first(desc=f"tokenizing {split}"):
             return tokenize_parallel(raw[split], tokenizer, data.source_lang, data.target_lang, data.max_source_length,
-                                     data.max_target_length, num_proc=data.preprocessing_num_workers)
+                                     data.max_target_length, num_proc=workers, overwrite_cache=data.overwrite_cache)
 
     train_set, report = tokenized("train")
     if report.kept == 0:
@@ -337,7 +373,9 @@ def write_model_card(folder: Path, model_args: ModelArguments, data: DataArgumen
 def _dataset_name(data: DataArguments) -> str:
     if data.train_source_file:
         return f"{Path(data.train_source_file).parent.name} ({data.source_lang}-{data.target_lang})"
-    return "vanilla_transformer built-in English-German task" if data.dataset == "builtin" else data.dataset
+    if data.dataset_name == "builtin":
+        return "vanilla_transformer built-in English-German task"
+    return data.dataset_name + (f" ({data.dataset_config_name})" if data.dataset_config_name else "")
 
 
 def evaluate_bleu(model, tokenizer, split, data: DataArguments, batch_size: int = 64, paper_bleu: bool = False,
@@ -353,6 +391,27 @@ def evaluate_bleu(model, tokenizer, split, data: DataArguments, batch_size: int 
     examples = [{"source": s, "reference": r, "translation": h}
                 for s, r, h in list(zip(sources, references, hypotheses))[: data.num_examples]]
     return {**scores, "num_sentences": len(sources), "examples": examples}, hypotheses
+
+
+class DataStageClock(TrainerCallback):
+    """Seconds and peak memory (MiB, this process or its largest worker) at the end of each stage of a run, up to
+    the first optimizer step: what `scripts/benchmarks/data_stage.py` reports."""
+
+    def __init__(self):
+        self.started = self.last = time.perf_counter()
+        self.times: dict[str, dict[str, float]] = {}
+
+    def stage(self, name: str):
+        now = time.perf_counter()
+        peak_kib = max(resource.getrusage(who).ru_maxrss for who in (resource.RUSAGE_SELF, resource.RUSAGE_CHILDREN))
+        self.times[name] = {"seconds": round(now - self.last, 2), "peak_rss_mib": round(peak_kib / 1024)}
+        logger.info("%s: %.1f s (%.1f s since the start), peak RSS %d MiB", name, now - self.last, now - self.started,
+                    peak_kib // 1024)
+        self.last = now
+
+    def on_step_end(self, args, state, control, **kwargs):
+        if "first_step" not in self.times:
+            self.stage("first_step")
 
 
 __all__ = ["run", "check_run_can_start", "check_recipe_fits_the_run", "check_output_dir_is_free", "load_raw_splits",
