@@ -13,6 +13,8 @@ from vanilla_transformer.training.metrics import (
     build_compute_metrics,
     corpus_scores,
     load_sacrebleu_metric,
+    multi30k_bleu,
+    multi30k_tokenize,
     paper_bleu,
     paper_tokenize,
 )
@@ -153,3 +155,39 @@ def test_paper_bleu_by_hand_and_where_it_differs_from_sacrebleu():
     assert paper_bleu(hypotheses, references)["bleu"] == 0.0 < corpus_scores(hypotheses, references)["bleu"]
     with pytest.raises(ValueError, match="one reference per sentence"):
         paper_bleu(["a"], [["a", "b"]])
+
+
+# Hand-written German, and what Multi30k's scripts/task1-tokenize.sh (lowercase.perl | normalize-punctuation.perl -l de
+# | tokenizer.perl -l de, Moses 3a0631a as the dataset ships it) prints for it, run once with perl.
+MULTI30K_RAW = [
+    "Ein Mann sagt: „Komm schon … was ist schöner als Tee.“",
+    "ÄRZTE, Öfen & Übungen <im> Freien — z.B. bei 3,5 Grad.",
+    "Dr. Müller’s Hund spielt mit dem ‚Ball’, der „rot“, nicht blau ist.",
+    "Zwei Kinder (beide 5 Jahre alt) laufen über saftig-grünes Gras; sie lachen!",
+    "Ein Schild mit „Rock 'n' Roll“ und 100 % Spaß?",
+]
+MULTI30K_TOKENS = [
+    "ein mann sagt : &quot; komm schon ... was ist schöner als tee &quot; .",
+    "ärzte , öfen &amp; übungen &lt; im &gt; freien - z.b. bei 3,5 grad .",
+    "dr. müller &apos; s hund spielt mit dem &quot; ball &quot; , der &quot; rot &quot; , nicht blau ist .",
+    "zwei kinder ( beide 5 jahre alt ) laufen über saftig-grünes gras ; sie lachen !",
+    "ein schild mit &quot; rock &apos; n &apos; roll &quot; und 100 % spaß ?",
+]
+
+
+def test_the_multi30k_literatures_tokens_are_the_datasets_own():
+    # Lowercasing (umlauts too), German quotes with the period moved out at the end of a line, single quotes as the
+    # dataset's Moses had them, escaping, abbreviations, decimal commas and unsplit compounds.
+    assert multi30k_tokenize(MULTI30K_RAW, "de") == MULTI30K_TOKENS
+
+
+def test_the_multi30k_bleu_scores_those_tokens_and_says_so():
+    shouted = [line.upper() for line in MULTI30K_RAW[:4]]  # (not the fifth: "ß".upper() is "SS")
+    perfect = multi30k_bleu(shouted, MULTI30K_RAW[:4])
+    assert perfect["bleu"] == pytest.approx(100.0) and "task1-tokenize.sh" in perfect["protocol"]
+    hypotheses = MULTI30K_RAW[:4] + ["Ein Schild mit Rock und Spaß."]
+    expected = BLEU(tokenize="none", smooth_method="none", force=True).corpus_score(
+        multi30k_tokenize(hypotheses), [MULTI30K_TOKENS]).score
+    assert multi30k_bleu(hypotheses, MULTI30K_RAW)["bleu"] == pytest.approx(expected) and expected < 100
+    with pytest.raises(ValueError, match="one reference per sentence"):
+        multi30k_bleu(["a"], [["a", "b"]])

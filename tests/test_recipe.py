@@ -17,7 +17,7 @@ from transformers import AutoModelForSeq2SeqLM
 
 from conftest import hub_dataset_folder, snapshot
 from vanilla_transformer.training import load_raw_splits, parse_training_args
-from vanilla_transformer.training.metrics import corpus_scores, paper_bleu
+from vanilla_transformer.training.metrics import corpus_scores, multi30k_bleu, paper_bleu
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -224,15 +224,19 @@ def test_the_multi30k_recipe_ends_in_an_averaged_scored_folder_that_translate_py
     references = (corpus / "val.de").read_text(encoding="utf-8").splitlines()
     expected = corpus_scores(validation, references)
     assert saved["validation"]["bleu"] == expected["bleu"]
-    assert saved["validation"]["bleu_lowercase"] == expected["bleu_lowercase"]  # as the Multi30k literature scores
+    assert saved["validation"]["bleu_lowercase"] == expected["bleu_lowercase"]
+    # And in the literature's own BLEU, on Moses tokens as the dataset's official files have them.
+    assert saved["validation"]["multi30k_bleu"] == multi30k_bleu(validation, references)
     (held_out,) = saved["held_out"]
     translations = (output / "heldout_translations.txt").read_text(encoding="utf-8").splitlines()
-    assert held_out["num_sentences"] == 8 and held_out["bleu"] == corpus_scores(
-        translations, (corpus / "heldout.de").read_text(encoding="utf-8").splitlines())["bleu"]
+    held_out_references = (corpus / "heldout.de").read_text(encoding="utf-8").splitlines()
+    assert held_out["num_sentences"] == 8 and held_out["bleu"] == corpus_scores(translations, held_out_references)["bleu"]
+    assert held_out["multi30k_bleu"]["bleu"] == multi30k_bleu(translations, held_out_references)["bleu"]
     assert results["validation"]["bleu"] == saved["validation"]["bleu"]
     card = (output / "README.md").read_text()
     assert "Held-out test sets" in card and f"| {held_out['dataset_name']} | 8 |" in card
     assert f"| BLEU, lowercased | {saved['validation']['bleu_lowercase']:.2f} | `nrefs:1\\|case:lc" in card
+    assert f"| BLEU, Multi30k tokens | {saved['validation']['multi30k_bleu']['bleu']:.2f} | Multi30k's" in card
     assert (output / "validation_bleu.png").is_file()
     # The command's minutes, by its own clock: its whole run (training among it), within the test's.
     assert saved["train"]["train_runtime"] / 60 < saved["minutes"] <= elapsed_minutes
@@ -249,6 +253,30 @@ def test_the_multi30k_recipe_ends_in_an_averaged_scored_folder_that_translate_py
                                 timeout=300, env={**os.environ, "HF_HUB_OFFLINE": "1"})
     # One line out for the line in (a model trained six steps may well translate it to nothing).
     assert translated.returncode == 0 and translated.stdout.count("\n") == 1, translated.stderr[-2000:]
+
+
+def test_wu_et_al_s_recipe_is_their_shape_batch_schedule_averaging_and_beam(corpus, tmp_path):
+    output = tmp_path / "wu2021"
+    multi30k_recipe()["main"]([
+        "--recipe", "wu2021", "--output_dir", str(output), "--data_dir", str(corpus), "--vocab_size", "300",
+        "--max_steps", "24", "--warmup_steps", "4", "--per_device_eval_batch_size", "8", "--logging_steps", "1"])
+    saved = json.loads((output / "results.json").read_text())
+    model = AutoModelForSeq2SeqLM.from_pretrained(output)
+    config = model.config
+    assert (config.d_model, config.encoder_layers, config.decoder_layers, config.encoder_ffn_dim,
+            config.encoder_attention_heads, config.dropout, config.label_smoothing) == (128, 4, 4, 256, 4, 0.3, 0.1)
+    assert model.get_input_embeddings().weight is model.get_output_embeddings().weight  # all embeddings shared
+    decoding = model.generation_config
+    assert (decoding.num_beams, decoding.length_penalty, decoding.length_penalty_type) == (5, 1.0, "hf")
+    args = torch.load(output / "checkpoint-24" / "training_args.bin", weights_only=False)
+    assert (args.lr_scheduler_type, args.learning_rate, args.warmup_steps, args.adam_epsilon, args.max_grad_norm,
+            args.gradient_accumulation_steps) == ("inverse_sqrt", 0.005, 4, 1e-8, 25.0, 2)
+    # The corpus is two updates an epoch: every epoch is checkpointed, and the last 10 are averaged.
+    assert saved["averaged_checkpoints"] == [f"checkpoint-{step}" for step in range(6, 25, 2)]
+    rates = [entry["learning_rate"] for entry in json.loads(
+        (output / "checkpoint-24" / "trainer_state.json").read_text())["log_history"] if "learning_rate" in entry]
+    assert max(rates) == pytest.approx(0.005, rel=0.3) and rates[-1] < max(rates)  # warmup, then 1 / sqrt(step)
+    assert "multi30k_bleu" in saved["validation"]
 
 
 @pytest.mark.parametrize("flags, message", [

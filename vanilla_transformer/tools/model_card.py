@@ -99,6 +99,10 @@ def _eval_results(eval_results: dict, model_task: str, dataset_name: str, datase
         paper = eval_results["paper_bleu"]
         results.append(EvalResult(**dataset, metric_type="bleu", metric_name="BLEU (tokenized, the paper's protocol)",
                                   metric_value=round(float(paper["bleu"]), 2), metric_args={"protocol": paper["protocol"]}))
+    if eval_results.get("multi30k_bleu") is not None:  # the Multi30k literature's tokens, not comparable to sacreBLEU
+        tokens = eval_results["multi30k_bleu"]
+        results.append(EvalResult(**dataset, metric_type="bleu", metric_name="BLEU (Multi30k's lowercased tokens)",
+                                  metric_value=round(float(tokens["bleu"]), 2), metric_args={"protocol": tokens["protocol"]}))
     if eval_results.get("chrf") is not None:
         args = {"signature": eval_results["chrf_signature"]} if eval_results.get("chrf_signature") else None
         results.append(EvalResult(**dataset, metric_type="chrf", metric_name="chrF",
@@ -158,7 +162,7 @@ def model_card_variables(
         card_data.eval_results = _eval_results(eval_results, task_name, dataset_name, datasets)
         evaluation = {key: eval_results.get(key) for key in
                       ("bleu", "bleu_signature", "bleu_lowercase", "bleu_lowercase_signature", "chrf", "chrf_signature",
-                       "paper_bleu", "dataset_split", "decoding")}
+                       "paper_bleu", "multi30k_bleu", "dataset_split", "decoding")}
         evaluation["dataset_name"] = dataset_name
     held_out = []
     for index, scores in enumerate(held_out_results or []):  # more test sets, each under its own name
@@ -169,7 +173,7 @@ def model_card_variables(
         card_data.eval_results = [*(card_data.eval_results or []),
                                   *_eval_results(scores, task_name, scores["dataset_name"], datasets)]
         held_out.append({key: scores.get(key) for key in ("dataset_name", "num_sentences", "bleu", "bleu_lowercase",
-                                                          "chrf")})
+                                                          "chrf", "multi30k_bleu")})
     arch = {
         "vocab_size": config.vocab_size,
         "embedding": ("one matrix for the source and target embeddings and the pre-softmax projection (§3.4)"

@@ -78,6 +78,9 @@ class RecipeArguments:
                 "big); the last step's weights stay in its checkpoint folder."})
     paper_bleu: bool = field(default=False, metadata={
         "help": "Also score the paper's tokenized BLEU (Moses tokens, compound splitting; metrics.paper_bleu)."})
+    multi30k_bleu: bool = field(default=False, metadata={
+        "help": "Also score the Multi30k literature's BLEU: lowercased, punctuation-normalised, Moses-tokenized text as "
+                "the dataset's task1-tokenize.sh makes its official files (metrics.multi30k_bleu)."})
     max_train_minutes: float | None = field(default=None, metadata={
         "help": "Stop training cleanly once this many minutes have passed since it began (the step in progress "
                 "finishes and is saved as a checkpoint; averaging and evaluation follow), or at --max_steps, "
@@ -91,6 +94,12 @@ class RecipeArguments:
                 "generation_config.json, which the final beam-search evaluation and every later generate() use "
                 "(default: the paper's 0.6 for a new model; the checkpoint's own for --model_name_or_path and "
                 "--resume_from_checkpoint)."})
+    num_beams: int | None = field(default=None, metadata={
+        "help": "The beam size in the trained model's generation_config.json (default: the paper's 4 for a new model; "
+                "the checkpoint's own otherwise)."})
+    length_penalty_type: str | None = field(default=None, metadata={
+        "help": "gnmt (the paper's, ((5 + |Y|) / 6)^alpha) or hf (transformers' and fairseq's, |Y|^alpha) in the trained "
+                "model's generation_config.json (default: gnmt for a new model; the checkpoint's own otherwise)."})
     lr_decay_minutes: float | None = field(default=None, metadata={
         "help": "With --max_train_minutes and the Noam schedule: over the budget's last this many minutes the "
                 "learning rate falls linearly to zero (the Noam rate times a ramp from 1 to 0, read from the "
@@ -98,7 +107,7 @@ class RecipeArguments:
 
     def __post_init__(self):
         for name in ("pad_to_multiple_of", "tokens_per_step", "max_tokens_per_device", "average_last_checkpoints",
-                     "max_tokens_per_batch", "noam_warmup_steps"):
+                     "max_tokens_per_batch", "noam_warmup_steps", "num_beams"):
             value = getattr(self, name)
             if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 1):
                 raise ValueError(f"--{name} must be a positive int, got {value!r}.")
@@ -109,6 +118,8 @@ class RecipeArguments:
         if self.length_penalty is not None and not abs(self.length_penalty) < float("inf"):
             raise ValueError(f"--length_penalty must be a finite number (the length penalty's alpha), "
                              f"got {self.length_penalty!r}.")
+        if self.length_penalty_type not in (None, "gnmt", "hf"):
+            raise ValueError(f"--length_penalty_type must be gnmt or hf, got {self.length_penalty_type!r}.")
         if self.max_train_minutes is not None and not 0 < self.max_train_minutes < float("inf"):
             raise ValueError(f"--max_train_minutes must be a positive number of minutes, got {self.max_train_minutes!r}.")
         if self.lr_decay_minutes is not None:

@@ -170,7 +170,7 @@ def parse_config_overrides(text: str | None) -> dict:
 
 def build_model(model_args: ModelArguments, recipe: RecipeArguments, tokenizer, resumed_from: str | None = None):
     """The model to train; a resumed run decodes as the run it continues (its checkpoint's generation config), and
-    --length_penalty, where given, replaces the alpha."""
+    --num_beams, --length_penalty and --length_penalty_type, where given, replace what they name."""
     overrides = {**parse_config_overrides(model_args.config_overrides), "label_smoothing": recipe.label_smoothing}
     kwargs = {"attn_implementation": model_args.attn_implementation} if model_args.attn_implementation else {}
     if model_args.model_name_or_path is not None:
@@ -181,15 +181,24 @@ def build_model(model_args: ModelArguments, recipe: RecipeArguments, tokenizer, 
         model = paper_model(model_args, overrides, tokenizer, kwargs)
     if resumed_from is not None and (Path(resumed_from) / GENERATION_CONFIG_NAME).is_file():
         model.generation_config = GenerationConfig.from_pretrained(resumed_from)
-    if recipe.length_penalty is not None:
-        model.generation_config.length_penalty = recipe.length_penalty
+    decoding = decoding_flags(recipe)
+    if decoding:
+        for name, value in decoding.items():  # setattr: update() skips fields a config does not have yet
+            setattr(model.generation_config, name, value)
         try:  # transformers refuses to save it later, after training, otherwise
             model.generation_config.validate(strict=True)
         except ValueError as error:
-            raise ValueError(f"--length_penalty {recipe.length_penalty} cannot apply to this model's decoding "
-                             f"(num_beams {model.generation_config.num_beams}): {error}") from None
+            given = " ".join(f"--{name} {value}" for name, value in decoding.items())
+            raise ValueError(f"{given} cannot apply to this model's decoding (num_beams "
+                             f"{model.generation_config.num_beams}): {error}") from None
     check_vocabulary(model, tokenizer, model_args)
     return model
+
+
+def decoding_flags(recipe: RecipeArguments) -> dict:
+    """The generation-config fields the command line sets for the trained model."""
+    return {name: getattr(recipe, name) for name in ("num_beams", "length_penalty", "length_penalty_type")
+            if getattr(recipe, name) is not None}
 
 
 def paper_model(model_args: ModelArguments, overrides: dict, tokenizer, kwargs: dict):
@@ -221,24 +230,25 @@ def check_recipe_fits_the_run(recipe: RecipeArguments, args: TranslationTraining
     if recipe.tokens_per_step is not None and args.gradient_accumulation_steps != 1:
         raise ValueError(f"--tokens_per_step plans the accumulation itself; drop --gradient_accumulation_steps "
                          f"{args.gradient_accumulation_steps}.")
-    if recipe.length_penalty is not None and args.generation_config is not None:
-        # Seq2SeqTrainer puts that file's config on the model after the flag has been applied.
-        raise ValueError(f"--length_penalty {recipe.length_penalty} and --generation_config {args.generation_config} "
-                         "both set the trained model's decoding: give the alpha as length_penalty in that file, or drop "
-                         "--generation_config.")
+    decoding = decoding_flags(recipe)
+    if decoding and args.generation_config is not None:
+        # Seq2SeqTrainer puts that file's config on the model after the flags have been applied.
+        name, value = next(iter(decoding.items()))
+        raise ValueError(f"--{name} {value} and --generation_config {args.generation_config} both set the trained "
+                         f"model's decoding: give {name} in that file, or drop --generation_config.")
     if recipe.lr_decay_minutes is not None and not args.noam:
         raise ValueError(f"--lr_decay_minutes {recipe.lr_decay_minutes} anneals the Noam schedule, not --lr_scheduler_type "
                          f"{args.lr_scheduler_type.value}: drop one of them (linear and cosine decay by steps).")
     wanted = recipe.average_last_checkpoints
     if not wanted:
         return
-    if args.save_strategy != "steps":  # only step-based saving also saves the final step
-        raise ValueError(f"--average_last_checkpoints {wanted} needs checkpoints every few steps: set --save_strategy "
-                         f"steps (got {args.save_strategy}).")
+    if args.save_strategy not in ("steps", "epoch"):  # epochs: the last N whole epochs, as fairseq averages them
+        raise ValueError(f"--average_last_checkpoints {wanted} needs checkpoints every few steps or every epoch: set "
+                         f"--save_strategy steps or epoch (got {args.save_strategy}).")
     if args.save_total_limit is not None and args.save_total_limit < wanted:
         raise ValueError(f"--average_last_checkpoints {wanted} needs --save_total_limit of at least {wanted}, "
                          f"got {args.save_total_limit}: older checkpoints would be deleted before averaging.")
-    if args.max_steps > 0:
+    if args.max_steps > 0 and args.save_strategy == "steps":
         interval = args.save_steps if args.save_steps >= 1 else math.ceil(args.max_steps * args.save_steps)
         written = math.ceil(args.max_steps / interval)  # every `interval` steps, and the final one
         if written < wanted:
@@ -344,7 +354,7 @@ def finish_folder(trainer: PaperTrainer, tokenizer, raw: DatasetDict, model_args
         from_disk = sharded or recipe.average_last_checkpoints
         model = AutoModelForSeq2SeqLM.from_pretrained(folder).to(args.device) if from_disk else trainer.model
         scores, hypotheses = evaluate_bleu(model, tokenizer, raw[split], data, args.per_device_eval_batch_size,
-                                           paper_bleu=recipe.paper_bleu)
+                                           paper_bleu=recipe.paper_bleu, multi30k_bleu=recipe.multi30k_bleu)
         finished[split] = scores
         (folder / f"{split}_translations.txt").write_text("".join(h + "\n" for h in hypotheses), encoding="utf-8")
     (folder / "results.json").write_text(json.dumps({**results, **finished}, indent=2, default=str))
@@ -379,15 +389,17 @@ def _dataset_name(data: DataArguments) -> str:
 
 
 def evaluate_bleu(model, tokenizer, split, data: DataArguments, batch_size: int = 64, paper_bleu: bool = False,
-                  **generate_kwargs) -> tuple[dict, list[str]]:
+                  multi30k_bleu: bool = False, **generate_kwargs) -> tuple[dict, list[str]]:
     """sacreBLEU and chrF of beam-search translations of a whole split against its raw references, and with
-    `paper_bleu` the paper's tokenized BLEU too; returns the scores (with a few examples) and the translations."""
+    `paper_bleu` the paper's tokenized BLEU too, with `multi30k_bleu` the Multi30k literature's; returns the scores (with a few examples) and the translations."""
     sources = [pair[data.source_lang] for pair in split["translation"]]
     references = [pair[data.target_lang] for pair in split["translation"]]
     hypotheses = translate(model, tokenizer, sources, batch_size=batch_size, progress=True, **generate_kwargs)
     scores = metrics.corpus_scores(hypotheses, references)
     if paper_bleu:
         scores["paper_bleu"] = metrics.paper_bleu(hypotheses, references, lang=data.target_lang)
+    if multi30k_bleu:
+        scores["multi30k_bleu"] = metrics.multi30k_bleu(hypotheses, references, lang=data.target_lang)
     examples = [{"source": s, "reference": r, "translation": h}
                 for s, r, h in list(zip(sources, references, hypotheses))[: data.num_examples]]
     return {**scores, "num_sentences": len(sources), "examples": examples}, hypotheses
