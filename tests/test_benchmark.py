@@ -1,9 +1,11 @@
 """The benchmark's promises: it compares like with like, and its reports are written. No timing is asserted."""
 
+import functools
 import json
 import re
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -171,26 +173,45 @@ def test_attention_floor_replays_exactly_the_attention_of_a_decoding_run(spec, m
     assert replayed.get("index_select", 0) == 2 * sum(len(r) for r in reorders) * (num_beams > 1)
 
 
+def _delayed(forward, seconds: float):
+    """`forward`, `seconds` slower: to be set on an instance, as accelerate's device_map hooks wrap forward."""
+    @functools.wraps(forward)  # generate() inspects forward's signature
+    def slow(*args, **kwargs):
+        time.sleep(seconds)
+        return forward(*args, **kwargs)
+
+    return slow
+
+
 def test_generation_split_times_the_model_inside_generate_and_leaves_it_untouched(spec, models):
     ours = models["ours"]
+    encoder = ours.get_encoder()
     source = source_batch(spec, ours.config, batch=2)
     expected = generate_fixed_length(ours, **source, new_tokens=5, num_beams=4)
     outputs = []
-    split = generation_split(ours, lambda: outputs.append(generate_fixed_length(ours, **source, new_tokens=5,
-                                                                               num_beams=4)), repeats=2)
+    generation_split(ours, lambda: outputs.append(generate_fixed_length(ours, **source, new_tokens=5, num_beams=4)),
+                     repeats=2)
     assert len(outputs) == 2 and all(torch.equal(out, expected) for out in outputs)
-    assert split["model_s"] > 0 and split["loop_s"] > 0
-    assert split["model_s"] + split["loop_s"] == pytest.approx(split["total_s"], rel=0.5)
     # The timing wrappers are gone: forward is the class's again, for the model and its encoder.
-    assert "forward" not in vars(ours) and "forward" not in vars(ours.get_encoder())
-    # A forward already wrapped on the instance (as accelerate's device_map hooks do) is put back, and timed.
-    hooked = ours.get_encoder().forward
-    ours.get_encoder().forward = hooked
+    assert "forward" not in vars(ours) and "forward" not in vars(encoder)
+
+    # Known delays: 200 ms in the encoder and 10 ms in each of the 5 decoding steps, both in forwards already wrapped
+    # on the instance, and 100 ms in the run outside the model.
+    hooks = (_delayed(encoder.forward, 0.2), _delayed(ours.forward, 0.01))
+    encoder.forward, ours.forward = hooks
+
+    def run():
+        time.sleep(0.1)
+        generate_fixed_length(ours, **source, new_tokens=5, num_beams=4)
+
     try:
-        assert generation_split(ours, lambda: generate_fixed_length(ours, **source, new_tokens=2), 1)["model_s"] > 0
-        assert vars(ours.get_encoder())["forward"] is hooked and "forward" not in vars(ours)
+        split = generation_split(ours, run, repeats=2)
+        assert (vars(encoder)["forward"], vars(ours)["forward"]) == hooks  # the hooks are put back
     finally:
-        del ours.get_encoder().forward
+        del encoder.forward, ours.forward
+    assert split["model_s"] >= 0.2 + 5 * 0.01  # every forward generate() calls is the model's time, the encoder's too
+    assert split["loop_s"] >= 0.1 and split["model_s"] <= split["total_s"] - 0.1  # what runs outside them is not
+    assert split["model_s"] + split["loop_s"] == pytest.approx(split["total_s"], rel=1e-9)  # the two make the whole
 
 
 def test_quick_benchmark_compares_like_with_like_and_writes_reports(spec, tmp_path):
@@ -249,7 +270,7 @@ def test_quick_benchmark_compares_like_with_like_and_writes_reports(spec, tmp_pa
     assert set(memory["textbook"]) == {"greedy", "beam"}
 
     paths = write_results(results, tmp_path)
-    assert {p.name for p in tmp_path.iterdir()} == {"results_tiny.json", "results_tiny.md", "results_tiny.png"}
+    assert {p.name for p in tmp_path.iterdir()} == {"results_tiny.json", "results_tiny.md"}
     saved = json.loads(paths["json"].read_text())
     assert saved["ratios"].keys() == results["ratios"].keys()
     markdown = paths["md"].read_text()
@@ -352,6 +373,23 @@ def test_the_package_imports_no_peer_model_profiler_benchmark_or_private_name():
                     assert not any(n.startswith("_") for n in names), f"{path.name} imports {names} from .{module}"
 
 
+def test_the_engine_benchmark_times_each_system_in_a_fresh_process_of_its_own(tmp_path, monkeypatch):
+    # A live runtime's thread pool slows whatever runs next to it in the same process.
+    from conftest import tiny_model, tiny_tokenizer
+    from scripts.benchmarks import engines
+
+    tiny_model().save_pretrained(tmp_path)
+    tiny_tokenizer().save_pretrained(tmp_path)
+    both = {"generate()": ("transformers", tmp_path, None), "generate(), again": ("transformers", tmp_path, None)}
+    monkeypatch.setattr(engines, "systems", lambda model_dir, exports: both)
+    speed = engines.speed(tmp_path, {}, ["w4 w5 w6", "w7 w8", "w9"], threads=1, repeats=1)
+    assert speed["processes"] == 2  # one per system (and repetition), none of them this one
+    assert list(speed["rows"]) == ["greedy", "beam 4"]
+    for rows in speed["rows"].values():
+        assert set(rows) == set(both) and rows["generate()"]["speed_vs_generate"] == 1.0
+        assert all(row["sentences_per_s"] == pytest.approx(3 / row["ms"] * 1e3) for row in rows.values())
+
+
 def test_peak_memory_growth_sees_an_allocation_and_nothing_else():
     from scripts.benchmarks.memory import memory_method_available, peak_growth_mib
 
@@ -369,7 +407,7 @@ def test_the_cpu_precision_benchmark_times_both_precisions_of_both_models(tmp_pa
                     "--matmul_size", "32", "--compare_activation_dropout", "0.1", "--output_dir", str(tmp_path)])
     assert set(results["systems"]) == {"ours fp32", "ours bf16", "marian fp32", "marian bf16",
                                        "ours fp32, activation dropout 0.1", "marian fp32, activation dropout 0.1"}
-    from vanilla_transformer.training.arguments import native_bf16
+    from vanilla_transformer.training.precision import native_bf16
 
     tokens = results["target_tokens_per_step"]
     assert 2 <= tokens <= 2 * 4  # --batch_size 2 pairs of at most --length 4 target tokens

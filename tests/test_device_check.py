@@ -31,18 +31,20 @@ def test_device_check_without_cuda_says_so_and_exits_cleanly(tmp_path):
 
 def test_device_check_cpu_smoke_runs_every_section(tmp_path):
     """The GPU check's code end to end on the CPU with tiny sizes: bf16 matmul, attention agreement, the bf16
-    training step at the paper's batch (ours and Marian, eager and compiled), beam search, `make bench`'s run on
-    the check's device, and a 20-step `scripts/train.py --bf16` run whose loss must fall."""
+    training step at the paper's batch (ours and Marian, eager and compiled), our loss and dropout kernels against
+    torch's, `make bench`'s run on the check's device, and a 20-step `scripts/train.py --bf16` run whose loss must
+    fall."""
     import json
 
     out = tmp_path / "out"
     result = _device_check("--cpu_smoke", "--out", str(out))
     assert result.returncode == 0, (result.stdout[-3000:], result.stderr[-3000:])
     report = json.loads((out / "device_check.json").read_text())
+    markdown = (out / "device_check.md").read_text()
     assert report["ok"] and report["cpu_smoke"] and report["complete"]
     sections = report["sections"]
     assert list(sections) == ["environment", "matmul_peak", "attention_agreement", "paper_batch_training",
-                              "beam_search", "benchmark", "training_run"]  # the paper batch right after the checks
+                              "kernels", "benchmark", "training_run"]  # the paper batch right after the checks
     agreement = sections["attention_agreement"]["result"]["padded"]
     assert agreement["eager/fp32"] == 0.0 and agreement["sdpa/fp32"] < 1e-4
     assert agreement["sdpa/bf16"] < 0.25 and agreement["eager/bf16"] < 0.25
@@ -64,7 +66,10 @@ def test_device_check_cpu_smoke_runs_every_section(tmp_path):
                                ("compiled_speed_vs_eager", "ours_eager", "ours_compiled"),
                                ("eager_speed_vs_marian_eager", "marian_eager", "ours_eager")):
         assert tiny[key] == pytest.approx(systems[other]["step_ms"] / systems[system]["step_ms"]), key
-    assert sections["beam_search"]["result"]["output_shape"] == [2, 5]  # 4 new tokens after the start token
+    kernels = sections["kernels"]["result"]  # both kernels against torch's, in both precisions
+    assert [row["dtype"] for row in kernels] == ["float32", "bfloat16"]
+    assert all(row["loss_gap"] < 1e-4 for row in kernels)  # our loss and F.cross_entropy's agree
+    assert "| kernel (forward + backward) | dtype | ours | torch | torch / ours |" in markdown
     bench = sections["benchmark"]["result"]  # make bench's run, on the check's device
     assert bench["spec"]["device"] == "cpu" and bench["spec"]["preset"] == "tiny" and "memory_mib" not in bench
     assert bench["checks"]["textbook_greedy_equals_ours"] and bench["checks"]["textbook_beam_equals_ours"]
@@ -75,16 +80,15 @@ def test_device_check_cpu_smoke_runs_every_section(tmp_path):
     assert [point["new_tokens"] for point in bench["beam_curve"]["points"]] == [2]
     run = sections["training_run"]["result"]
     assert run["loss_falls"] and math.isfinite(run["last_logged_loss"])
-    markdown = (out / "device_check.md").read_text()
     assert "## bf16 training step at the paper's batch" in markdown and "All checks passed: **yes**" in markdown
-    assert "| system | step ms | tokens/s | TFLOP/s | MFU | peak GiB | compile s |" in markdown
+    assert "| system | step_ms | tokens_per_s | model_tflops | mfu | peak_memory_gib | compile_s | loss_finite |" in markdown
     assert all(f"| {name} | " in markdown for name in tiny["systems"])
-    assert "ours compiled vs Marian compiled" in markdown
+    assert "compiled_speed_vs_marian_compiled" in markdown
     profile = tiny["profile_ours_compiled"]  # one compiled step's top kernels, their shares adding up to at most 1
     assert profile["kernels"] and 0 < sum(k["share"] for k in profile["kernels"]) <= 1 + 1e-9
     assert "Top kernels of one compiled step of ours" in markdown
     assert "## Benchmark: preset `tiny`" in markdown and "### Verdicts" in markdown  # one level down
-    assert "train_step" not in markdown and "Incomplete" not in markdown
+    assert "## Training run (scripts/train.py --bf16, built-in task)" in markdown and "Incomplete" not in markdown
 
 
 def test_device_check_paper_batch_keeps_the_systems_that_compile_and_fails_without_ours_compiled():

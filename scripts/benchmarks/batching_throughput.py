@@ -6,21 +6,21 @@ with `TokenBucketBatchSampler` against random fixed-size batches of the same mea
 
 import argparse
 import math
-import shlex
-import sys
-import time
 from collections.abc import Sequence
+from functools import partial
 
 import numpy as np
 import torch
-from .toolkit import load_multi30k, markdown_table, multi30k_missing, shared_tokenizer_for, write_report
 from transformers import DataCollatorForSeq2Seq, set_seed
 
-from vanilla_transformer.data.batching import TokenBucketBatchSampler, example_lengths
 from vanilla_transformer.configuration_vanilla_transformer import VanillaTransformerConfig
+from vanilla_transformer.data.batching import TokenBucketBatchSampler, example_lengths
 from vanilla_transformer.data.corpora import tokenize_parallel
 from vanilla_transformer.modeling_vanilla_transformer import VanillaTransformerForConditionalGeneration
 from vanilla_transformer.training.schedule import paper_adam
+
+from .toolkit import (command_line, load_multi30k, markdown_table, multi30k_missing, shared_tokenizer_for,
+                      time_interleaved, write_report)
 
 
 def padding_stats(batches: Sequence[Sequence[int]], source_lengths, target_lengths) -> dict[str, float]:
@@ -42,32 +42,25 @@ def random_batches(num_examples: int, batch_size: int, seed: int = 0) -> list[li
 
 
 def measure_step_throughput(model, optimizer, streams: dict[str, list[dict]], warmup: int = 1) -> dict[str, dict]:
-    """Real (non-pad) source + target tokens per second of full training steps (forward, backward, Adam).
+    """Real (non-pad) source + target tokens per second of full training steps (forward, backward, Adam), the streams
+    interleaved step by step (`time_interleaved`), so that the load of a shared machine falls on all of them alike;
+    the first `warmup` steps of each are run but not counted."""
+    def step(batches):
+        model(**next(batches)).loss.backward()
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
 
-    The streams are interleaved step by step, so that the load of a shared machine falls on all of them
-    alike; the first `warmup` steps of each are run but not counted.
-    """
-    totals = {name: {"steps": 0, "sentences": 0, "real_tokens": 0, "padded_tokens": 0, "seconds": 0.0}
-              for name in streams}
     model.train()
-    for step, batches in enumerate(zip(*streams.values())):
-        for name, batch in zip(streams, batches):
-            start = time.perf_counter()
-            model(**batch).loss.backward()
-            optimizer.step()
-            optimizer.zero_grad(set_to_none=True)
-            seconds = time.perf_counter() - start
-            if step < warmup:
-                continue
-            total = totals[name]
-            total["steps"] += 1
-            total["sentences"] += len(batch["input_ids"])
-            total["real_tokens"] += int(batch["attention_mask"].sum() + (batch["labels"] != -100).sum())
-            total["padded_tokens"] += batch["input_ids"].numel() + batch["labels"].numel()
-            total["seconds"] += seconds
-    for total in totals.values():
-        total["real_tokens_per_second"] = total["real_tokens"] / total["seconds"]
-        total["seconds_per_step"] = total["seconds"] / total["steps"]
+    steps = min(map(len, streams.values())) - warmup
+    times = time_interleaved({name: partial(step, iter(batches)) for name, batches in streams.items()}, steps, warmup)
+    totals = {}
+    for name, batches in streams.items():
+        counted, seconds = batches[warmup:warmup + steps], sum(times[name])
+        real = sum(int(b["attention_mask"].sum() + (b["labels"] != -100).sum()) for b in counted)
+        totals[name] = {"steps": steps, "sentences": sum(len(b["input_ids"]) for b in counted), "real_tokens": real,
+                        "padded_tokens": sum(b["input_ids"].numel() + b["labels"].numel() for b in counted),
+                        "seconds": seconds, "real_tokens_per_second": real / seconds,
+                        "seconds_per_step": seconds / steps}
     return totals
 
 
@@ -145,8 +138,7 @@ def main(argv=None):
         return None
     results = benchmark_multi30k(args.data_dir, args.max_tokens, args.steps, args.warmup, args.preset,
                                  threads=args.threads, seed=args.seed)
-    command = shlex.join(["python", "-m", "scripts.benchmarks.batching_throughput", *(sys.argv[1:] if argv is None else argv)])
-    write_benchmark(results, args.output, command)
+    write_benchmark(results, args.output, command_line("batching_throughput", argv))
     print(f"token buckets / random, real tokens per second: {results['speedup_real_tokens_per_second']:.2f}x")
     return results
 

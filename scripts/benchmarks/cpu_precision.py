@@ -9,24 +9,17 @@ activation dropout (`--compare_activation_dropout`) and under torch.compile (`--
 
 import argparse
 import dataclasses
-import shlex
-import sys
+import statistics
 
 import torch
 
-from vanilla_transformer.training.arguments import native_bf16
+from vanilla_transformer.training.precision import native_bf16
 
-from .toolkit import environment, markdown_table, time_interleaved, write_report
-from .workloads import BenchmarkSpec, build_models, make_train_step, training_batch
-
-
-def matmul_ms(dtype: torch.dtype, size: int = 1024, repeats: int = 3) -> float:
-    a = torch.randn(size, size, dtype=dtype)
-    times = time_interleaved({"matmul": lambda: a @ a}, repeats, warmup=1)["matmul"]
-    return sorted(times)[len(times) // 2] * 1e3
+from .toolkit import command_line, environment, markdown_table, matmul_peak, time_interleaved, write_report
+from .workloads import BenchmarkSpec, build_models, first_steps, training_batch, training_steps
 
 
-def main(argv=None) -> dict:
+def parse_args(argv):
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--preset", default="small")
     parser.add_argument("--vocab_size", type=int, default=6000)
@@ -42,7 +35,11 @@ def main(argv=None) -> dict:
                         help="also time the float32 step with this activation dropout")
     parser.add_argument("--compile", action="store_true", help="also time the float32 step under torch.compile")
     parser.add_argument("--output_dir", default="scripts/benchmarks/results")
-    args = parser.parse_args(argv)
+    return parser.parse_args(argv)
+
+
+def main(argv=None) -> dict:
+    args = parse_args(argv)
     dropouts = dict(dropout=args.dropout, attention_dropout=args.attention_dropout,
                     activation_dropout=args.activation_dropout)
     spec = BenchmarkSpec(preset=args.preset, vocab_size=args.vocab_size, batch_size=args.batch_size,
@@ -51,39 +48,38 @@ def main(argv=None) -> dict:
     torch.set_num_threads(spec.threads)
     models = build_models(spec)
     batch = training_batch(spec, models["ours"].config)
-    target_tokens = int((batch["labels"] != -100).sum())
-    steps = {f"{name} {label}": make_train_step(models[name], batch, autocast=dtype)
-             for name in ("ours", "marian") for label, dtype in (("fp32", None), ("bf16", torch.bfloat16))}
+    steps = {f"{name} {label}": step for label, dtype in (("fp32", None), ("bf16", torch.bfloat16))
+             for name, step in training_steps(models, batch, autocast=dtype).items()}
     if args.compare_activation_dropout is not None:
-        other = dataclasses.replace(spec, config_overrides={**dropouts,
-                                                            "activation_dropout": args.compare_activation_dropout})
-        for name, model in build_models(other).items():
-            steps[f"{name} fp32, activation dropout {args.compare_activation_dropout:g}"] = make_train_step(model, batch)
+        other = {**dropouts, "activation_dropout": args.compare_activation_dropout}
+        steps.update({f"{name} fp32, activation dropout {args.compare_activation_dropout:g}": step for name, step in
+                      training_steps(build_models(dataclasses.replace(spec, config_overrides=other)), batch).items()})
     if args.compile:
-        for name, model in build_models(spec).items():
-            steps[f"{name} fp32, torch.compile"] = make_train_step(torch.compile(model), batch)
-            steps[f"{name} fp32, torch.compile"]()  # compiled outside the timed repetitions
-    times = time_interleaved(steps, spec.repeats, warmup=1)
-    rows = {name: {"step_s": sorted(t)[len(t) // 2], "target_tokens_per_s": target_tokens / sorted(t)[len(t) // 2]}
-            for name, t in times.items()}
-    matmul = {"size": args.matmul_size, "fp32_ms": matmul_ms(torch.float32, args.matmul_size),
-              "bf16_ms": matmul_ms(torch.bfloat16, args.matmul_size)}
-    results = {"command": shlex.join(["python", "-m", "scripts.benchmarks.cpu_precision", *(argv or sys.argv[1:])]),
-               "environment": environment(), "native_bf16": native_bf16(), "spec": vars(args),
-               "target_tokens_per_step": target_tokens, "systems": rows, "matmul": matmul}
+        compiled = training_steps(build_models(spec), batch, "inductor")
+        steps.update({f"{name.removesuffix('_compiled')} fp32, torch.compile": compiled[name] for name in compiled
+                      if name.endswith("_compiled")})
+    first_steps(steps)  # warm-up, and the compilation kept out of the timed steps
+    target_tokens = int((batch["labels"] != -100).sum())
+    rows = {name: {"step_s": statistics.median(t), "target_tokens_per_s": target_tokens / statistics.median(t)}
+            for name, t in time_interleaved(steps, spec.repeats, warmup=0).items()}
+    flops = {name: matmul_peak(args.matmul_size, 3, dtype=dtype)["median_flops"]
+             for name, dtype in (("fp32", torch.float32), ("bf16", torch.bfloat16))}
+    matmul = {"size": args.matmul_size, **{f"{name}_ms": 2e3 * args.matmul_size**3 / f for name, f in flops.items()}}
+    results = {"command": command_line("cpu_precision", argv), "environment": environment(),
+               "native_bf16": native_bf16(), "spec": vars(args), "target_tokens_per_step": target_tokens,
+               "systems": rows, "matmul": matmul}
     lines = [f"# Training precision on this CPU ({results['environment']['cpu']}, {spec.threads} threads)", "",
              f"`{results['command']}`: preset `{args.preset}`, vocabulary {args.vocab_size:,}, {args.batch_size} "
              f"pairs of {args.length} tokens a side ({target_tokens:,} target tokens a step), median of "
-             f"{spec.repeats} interleaved steps, dropout {args.dropout:g}, attention dropout {args.attention_dropout:g}, "
-             f"activation dropout {args.activation_dropout:g} unless a row says otherwise. Native bf16 matrix "
-             f"multiply: {'yes' if results['native_bf16'] else 'no'}.",
-             ""]
-    base = rows["ours fp32"]["step_s"]
-    lines += markdown_table(["system", "step", "target tokens / s", "vs ours fp32"],
-                            [[name, f"{row['step_s'] * 1e3:,.0f} ms", f"{row['target_tokens_per_s']:,.0f}",
-                              f"{base / row['step_s']:.2f}x"] for name, row in rows.items()])
-    lines += ["", f"A {args.matmul_size}³ matmul: float32 {matmul['fp32_ms']:.1f} ms, bf16 {matmul['bf16_ms']:.1f} ms "
-                  f"({matmul['fp32_ms'] / matmul['bf16_ms']:.2f}x).", ""]
+             f"{spec.repeats} interleaved steps, dropout {args.dropout:g}, attention dropout "
+             f"{args.attention_dropout:g}, activation dropout {args.activation_dropout:g} unless a row says otherwise. "
+             "Native bf16 matrix "
+             f"multiply: {'yes' if results['native_bf16'] else 'no'}.", "",
+             *markdown_table(["system", "step", "target tokens / s", "vs ours fp32"],
+                             [[name, f"{row['step_s'] * 1e3:,.0f} ms", f"{row['target_tokens_per_s']:,.0f}",
+                               f"{rows['ours fp32']['step_s'] / row['step_s']:.2f}x"] for name, row in rows.items()]),
+             "", f"A {args.matmul_size}³ matmul: float32 {matmul['fp32_ms']:.1f} ms, bf16 {matmul['bf16_ms']:.1f} ms "
+             f"({matmul['fp32_ms'] / matmul['bf16_ms']:.2f}x).", ""]
     paths = write_report(f"{args.output_dir}/cpu_precision", results, "\n".join(lines))
     print("\n".join(lines))
     print("wrote " + ", ".join(str(p) for p in paths.values()))

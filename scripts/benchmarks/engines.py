@@ -1,16 +1,19 @@
-"""Every engine a trained model runs on, side by side in one run: `generate()`, its ONNX export on onnxruntime
-(float32 and int8) and its CTranslate2 export (float32 and int8), all through the one translation loop
-(`vanilla_transformer.tools.translation`); transformers.js in Node, and once in a real browser.
+"""Every engine a trained model runs on: `generate()`, its ONNX export on onnxruntime (float32 and int8) and its
+CTranslate2 export (float32 and int8), all through the one translation loop (`vanilla_transformer.tools.engines`);
+transformers.js in Node, and once in a real browser.
 
     python -m scripts.benchmarks.engines --demo_model demo_output/model --model runs/multi30k [--browser]
 
 For each model given (the demo model on the built-in test split, the Multi30k model on its validation set): the
 float32 exports' outputs against `generate()`'s, greedy and with the saved beam search (identity rates; CTranslate2,
-which has no GNMT penalty, against `generate()` with transformers' |Y|^alpha), BLEU of every system, and file sizes.
-transformers.js (Node, `scripts/transformers_js/translate.mjs`) translates 200 test sentences of the demo model
-greedily: its outputs against our greedy `generate()`'s. Speed, on the Multi30k model (else the demo model):
-`--speed_sentences` sentences in batches of 64 as `scripts/translate.py` sends them, each system decoding to its own
-end, greedy and beam 4, interleaved repetitions, `--threads` threads each.
+which has no GNMT penalty, against `generate()` with transformers' |Y|^alpha), BLEU of every system (and of
+`generate()` ranking by |Y|^alpha), and file sizes. transformers.js (Node, `scripts/transformers_js/translate.mjs`)
+translates 200 test sentences of the demo model greedily: its outputs against our greedy `generate()`'s.
+
+Speed, on the Multi30k model (else the demo model): `--speed_sentences` sentences in batches of 64 as
+`scripts/translate.py` sends them, each system decoding to its own end, greedy and beam 4, `--threads` threads.
+Each system is timed in a fresh process of its own, one per system and repetition, the systems' order alternating
+between repetitions: a live runtime's thread pool slows whatever runs next to it in the same process.
 `--browser` serves a page from localhost to headless Chromium (Debian's `chromium`), which translates with
 transformers.js (onnxruntime-web, WebAssembly) and posts the translations back; a screenshot is kept.
 """
@@ -19,32 +22,35 @@ import argparse
 import http.server
 import json
 import os
-import shlex
 import shutil
 import statistics
 import subprocess
-import sys
 import tempfile
 import threading
 import time
+from concurrent.futures import ProcessPoolExecutor
+from functools import partial
+from multiprocessing import get_context
 from pathlib import Path
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 import torch  # noqa: E402
-from transformers import AutoModelForSeq2SeqLM, AutoTokenizer  # noqa: E402
 
 from vanilla_transformer.data.builtin_task import build_builtin_task  # noqa: E402
-from vanilla_transformer.tools.ctranslate2 import CTranslate2Translator, export_ctranslate2  # noqa: E402
-from vanilla_transformer.tools.onnx import OnnxTranslator, export_onnx  # noqa: E402
+from vanilla_transformer.tools.ctranslate2 import export_ctranslate2  # noqa: E402
+from vanilla_transformer.tools.engines import load_translator  # noqa: E402
+from vanilla_transformer.tools.onnx import export_onnx  # noqa: E402
 from vanilla_transformer.tools.translation import GenerateTranslator  # noqa: E402
 from vanilla_transformer.training.metrics import corpus_scores  # noqa: E402
 
-from .toolkit import environment, load_multi30k, markdown_table, multi30k_missing, time_interleaved, write_report  # noqa: E402
+from .toolkit import (command_line, environment, load_multi30k, markdown_table, multi30k_missing,  # noqa: E402
+                      time_interleaved, write_report)
 
 ROOT = Path(__file__).resolve().parents[2]
 CLIENT = ROOT / "scripts" / "transformers_js"
 JS_SENTENCES, BATCH_SIZE = 200, 64
+DECODINGS = {"greedy": 1, "beam 4": 4}
 
 
 def identity(a: list[str], b: list[str]) -> float:
@@ -57,45 +63,79 @@ def export_all(model_dir, work: Path) -> dict[str, Path]:
             "ct2 int8": export_ctranslate2(model_dir, work / "ct2_int8", quantization="int8")}
 
 
-def translators(model_dir, exports, threads) -> dict:
-    """Every system, by the name the report gives it, behind the one translation loop."""
-    model = AutoModelForSeq2SeqLM.from_pretrained(model_dir).eval()
-    tokenizer = AutoTokenizer.from_pretrained(model_dir)
-    return {"generate()": GenerateTranslator(model, tokenizer),
-            "onnxruntime float32": OnnxTranslator(exports["onnx"], threads=threads),
-            "onnxruntime int8": OnnxTranslator(exports["onnx"], "int8", threads),
-            "ctranslate2 float32": CTranslate2Translator(exports["ct2 float32"], threads=threads),
-            "ctranslate2 int8": CTranslate2Translator(exports["ct2 int8"], threads=threads)}
+def systems(model_dir, exports) -> dict[str, tuple]:
+    """Every system, by the name the report gives it: `load_translator`'s engine, folder and quantized graphs."""
+    return {"generate()": ("transformers", model_dir, None),
+            "onnxruntime float32": ("onnxruntime", exports["onnx"], None),
+            "onnxruntime int8": ("onnxruntime", exports["onnx"], "int8"),
+            "ctranslate2 float32": ("ctranslate2", exports["ct2 float32"], None),
+            "ctranslate2 int8": ("ctranslate2", exports["ct2 int8"], None)}
 
 
-def quality(name, model_dir, exports, sources, references, threads):
+def quality(name, model_dir, exports, sources, references, threads) -> dict:
     """Identity rates and BLEU of one model and its exports on one evaluation set."""
-    systems = translators(model_dir, exports, threads)
-    model, tokenizer = systems["generate()"].model, systems["generate()"].tokenizer
-    beams = model.generation_config.num_beams
-    out = {"greedy": {system: t.translate(sources, BATCH_SIZE, num_beams=1) for system, t in systems.items()},
-           "as saved": {system: t.translate(sources, BATCH_SIZE) for system, t in systems.items()}}
+    translators = {system: load_translator(engine, folder, quantized=quantized, threads=threads)
+                   for system, (engine, folder, quantized) in systems(model_dir, exports).items()}
+    ours = translators["generate()"]
+    out = {"greedy": {system: t.translate(sources, BATCH_SIZE, num_beams=1) for system, t in translators.items()},
+           "as saved": {system: t.translate(sources, BATCH_SIZE) for system, t in translators.items()}}
     # CTranslate2 ranks beams by log P / |Y|^alpha: compared with generate() ranking so, not with the GNMT penalty.
-    hf_penalty = GenerateTranslator(model, tokenizer, length_penalty_type="hf").translate(sources, BATCH_SIZE)
+    out["beam with |Y|^alpha"] = {"generate()": GenerateTranslator(ours.model, ours.tokenizer, length_penalty_type="hf")
+                                  .translate(sources, BATCH_SIZE)}
     files = {path.name: path.stat().st_size for path in sorted((exports["onnx"] / "onnx").iterdir())}
     files.update({f"{system}/model.bin": (path / "model.bin").stat().st_size for system, path in exports.items()
                   if system.startswith("ct2")})
     files["model.safetensors"] = Path(model_dir, "model.safetensors").stat().st_size
-    ours = out["as saved"]["generate()"]
-    return {"name": name, "sentences": len(sources), "files": files, "num_beams_as_saved": beams,
+    greedy, saved, hf = out["greedy"], out["as saved"], out["beam with |Y|^alpha"]["generate()"]
+    return {"name": name, "sentences": len(sources), "files": files,
+            "num_beams_as_saved": ours.model.generation_config.num_beams,
             "identity": {
-                "onnxruntime float32, greedy": identity(out["greedy"]["generate()"], out["greedy"]["onnxruntime float32"]),
-                "onnxruntime float32, as saved": identity(ours, out["as saved"]["onnxruntime float32"]),
-                "ctranslate2 float32, greedy": identity(out["greedy"]["generate()"], out["greedy"]["ctranslate2 float32"]),
-                "ctranslate2 float32, beam with |Y|^alpha": identity(hf_penalty, out["as saved"]["ctranslate2 float32"])},
+                "onnxruntime float32, greedy": identity(greedy["generate()"], greedy["onnxruntime float32"]),
+                "onnxruntime float32, as saved": identity(saved["generate()"], saved["onnxruntime float32"]),
+                "ctranslate2 float32, greedy": identity(greedy["generate()"], greedy["ctranslate2 float32"]),
+                "ctranslate2 float32, beam with |Y|^alpha": identity(hf, saved["ctranslate2 float32"]),
+                "generate(), beam with |Y|^alpha against as saved": identity(hf, saved["generate()"])},
             "bleu": {f"{system}, {search}": corpus_scores(h, references)["bleu"]
                      for search, hyps in out.items() for system, h in hyps.items()},
             "differences": [{"source": s, "ours": a, "onnx": b} for s, a, b in
-                            zip(sources, ours, out["as saved"]["onnxruntime float32"]) if a != b][:10]}
+                            zip(sources, saved["generate()"], saved["onnxruntime float32"]) if a != b][:10],
+            "greedy_generate": greedy["generate()"]}
 
 
-def transformers_js(export_dir, model_dir, sources, dtype="fp32"):
-    """transformers.js's translations (Node) against our greedy generate()'s."""
+def time_system(engine, folder, quantized, sources, threads) -> tuple[int, dict[str, list[float]]]:
+    """This process's id, and the seconds of one call of each decoding of `sources` by one system, after a warm-up
+    call of each. Run it in a fresh process: there no other runtime's threads compete with this one's."""
+    torch.set_num_threads(threads)
+    translator = load_translator(engine, folder, quantized=quantized, threads=threads)
+    tasks = {label: partial(translator.translate, sources, BATCH_SIZE, num_beams=beams)
+             for label, beams in DECODINGS.items()}
+    with torch.inference_mode():
+        return os.getpid(), time_interleaved(tasks, 1, warmup=1)
+
+
+def speed(model_dir, exports, sources, threads, repeats) -> dict:
+    """Every system in a fresh process per repetition (`time_system`), the systems' order alternating between
+    repetitions as `time_interleaved` alternates it: the medians and their speed against `generate()`'s, and how many
+    processes (none of them this one) ran them."""
+    named = systems(model_dir, exports)
+    times, processes = {name: {label: [] for label in DECODINGS} for name in named}, set()
+    for rep in range(repeats):
+        for name in list(named) if rep % 2 == 0 else list(named)[::-1]:
+            with ProcessPoolExecutor(max_workers=1, mp_context=get_context("spawn")) as process:
+                pid, measured = process.submit(time_system, *named[name], sources, threads).result()
+            processes.add(pid)
+            for label, seconds in measured.items():
+                times[name][label] += seconds
+    rows = {}
+    for label in DECODINGS:
+        median = {name: statistics.median(t[label]) for name, t in times.items()}
+        rows[label] = {name: {"ms": s * 1e3, "sentences_per_s": len(sources) / s,
+                              "speed_vs_generate": median["generate()"] / s} for name, s in median.items()}
+    return {"processes": len(processes - {os.getpid()}), "rows": rows}
+
+
+def transformers_js(export_dir, sources, ours, dtype="fp32"):
+    """transformers.js's greedy translations (Node) against `ours`, our greedy generate()'s of the same sources."""
     with tempfile.NamedTemporaryFile("w", suffix=".txt", delete=False) as file:
         file.write("\n".join(sources) + "\n")
     start = time.perf_counter()
@@ -103,25 +143,9 @@ def transformers_js(export_dir, model_dir, sources, dtype="fp32"):
                          capture_output=True, text=True, check=True)
     seconds = time.perf_counter() - start
     theirs = [json.loads(line) for line in run.stdout.splitlines()]
-    model = AutoModelForSeq2SeqLM.from_pretrained(model_dir).eval()
-    ours = GenerateTranslator(model, AutoTokenizer.from_pretrained(model_dir)).translate(sources, num_beams=1)
     return {"dtype": dtype, "sentences": len(sources), "identity_vs_our_greedy": identity(theirs, ours),
             "seconds_with_node_start": seconds,
             "differences": [{"ours": a, "transformers.js": b} for a, b in zip(ours, theirs) if a != b][:10]}
-
-
-def speed(model_dir, exports, sources, threads, repeats):
-    torch.set_num_threads(threads)
-    systems = translators(model_dir, exports, threads)
-    rows = {}
-    for label, beams in (("greedy", 1), ("beam 4", 4)):
-        tasks = {name: (lambda t=t: t.translate(sources, BATCH_SIZE, num_beams=beams)) for name, t in systems.items()}
-        with torch.inference_mode():
-            times = time_interleaved(tasks, repeats, warmup=1)
-        median = {name: statistics.median(ts) for name, ts in times.items()}
-        rows[label] = {name: {"ms": s * 1e3, "sentences_per_s": len(sources) / s,
-                              "speed_vs_generate": median["generate()"] / s} for name, s in median.items()}
-    return rows
 
 
 class _Handler(http.server.SimpleHTTPRequestHandler):
@@ -176,6 +200,25 @@ def browser(export_dir, sources, screenshot: Path, timeout=600):
     return {"browser": version, "seconds": seconds, "screenshot": str(screenshot), **handler.results}
 
 
+def evaluation_sets(args) -> dict[str, tuple]:
+    """The models found, each with its sources and references: the demo model on the built-in test split, the
+    Multi30k model on Multi30k's validation set."""
+    sets = {}
+    if Path(args.demo_model, "config.json").is_file():
+        test = build_builtin_task()["test"]["translation"]
+        sets["demo"] = (args.demo_model, [p["en"] for p in test], [p["de"] for p in test])
+    else:
+        print(f"demo model skipped: no model in {args.demo_model} (make demo)")
+    reason = multi30k_missing(args.data_dir) or (None if Path(args.model, "config.json").is_file()
+                                                 else f"no trained model in {args.model}")
+    if reason is None:
+        validation = load_multi30k(args.data_dir)["validation"]["translation"]
+        sets["multi30k"] = (args.model, [p["en"] for p in validation], [p["de"] for p in validation])
+    else:
+        print(f"Multi30k model skipped: {reason}")
+    return sets
+
+
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--demo_model", default="demo_output/model")
@@ -190,24 +233,11 @@ def main(argv=None):
     if args.repeats < 1 or args.speed_sentences < 1 or args.threads < 1:
         parser.error(f"--repeats, --speed_sentences and --threads must be at least 1, got {args.repeats}, "
                      f"{args.speed_sentences} and {args.threads}")
-    work = Path(tempfile.mkdtemp(prefix="vt_engines_"))
-    results = {"environment": environment(), "models": {}}
-    sets = {}
-    if Path(args.demo_model, "config.json").is_file():
-        test = build_builtin_task()["test"]["translation"]
-        sets["demo"] = (args.demo_model, [p["en"] for p in test], [p["de"] for p in test])
-    else:
-        print(f"demo model skipped: no model in {args.demo_model} (make demo)")
-    reason = multi30k_missing(args.data_dir) or (None if Path(args.model, "config.json").is_file()
-                                                 else f"no trained model in {args.model}")
-    if reason is None:
-        validation = load_multi30k(args.data_dir)["validation"]["translation"]
-        sets["multi30k"] = (args.model, [p["en"] for p in validation], [p["de"] for p in validation])
-    else:
-        print(f"Multi30k model skipped: {reason}")
+    sets = evaluation_sets(args)
     if not sets:
         print("skipped: no model to export")
         return None
+    work, results = Path(tempfile.mkdtemp(prefix="vt_engines_")), {"environment": environment(), "models": {}}
     exports = {}
     for name, (model_dir, sources, references) in sets.items():
         started = time.perf_counter()
@@ -215,19 +245,20 @@ def main(argv=None):
         results["models"][name] = {"export_seconds": time.perf_counter() - started,
                                    **quality(name, model_dir, exports[name], sources, references, args.threads)}
     if "demo" in sets and (CLIENT / "node_modules").is_dir() and shutil.which("node"):
-        demo_dir, demo_sources, _ = sets["demo"]
-        results["transformers.js"] = [transformers_js(exports["demo"]["onnx"], demo_dir, demo_sources[:JS_SENTENCES], dtype)
-                                      for dtype in ("fp32", "q8")]
+        ours = results["models"]["demo"]["greedy_generate"][:JS_SENTENCES]
+        results["transformers.js"] = [transformers_js(exports["demo"]["onnx"], sets["demo"][1][:JS_SENTENCES], ours,
+                                                      dtype) for dtype in ("fp32", "q8")]
     if args.browser and "demo" in sets:
         screenshot = Path(args.output).with_name(Path(args.output).name + "_browser.png")
         results["browser"] = browser(exports["demo"]["onnx"], sets["demo"][1][:8], screenshot)
     name = "multi30k" if "multi30k" in sets else "demo"
     model_dir, sources = sets[name][:2]
     results["speed"] = {"model": name, "sentences": min(args.speed_sentences, len(sources)), "threads": args.threads,
-                        "batch_size": BATCH_SIZE,
-                        "rows": speed(model_dir, exports[name], sources[:args.speed_sentences], args.threads,
-                                      args.repeats)}
-    command = shlex.join(["python", "-m", "scripts.benchmarks.engines", *(sys.argv[1:] if argv is None else argv)])
+                        "batch_size": BATCH_SIZE, **speed(model_dir, exports[name], sources[:args.speed_sentences],
+                                                          args.threads, args.repeats)}
+    for model in results["models"].values():
+        model.pop("greedy_generate")
+    command = command_line("engines", argv)
     paths = write_report(args.output, {"command": command, **results}, render(results, command))
     print(paths["md"].read_text())
     shutil.rmtree(work, ignore_errors=True)
@@ -235,48 +266,50 @@ def main(argv=None):
 
 
 def render(results, command):
-    env = results["environment"]
-    s = results["speed"]
+    env, s = results["environment"], results["speed"]
     lines = ["# Engines: generate(), onnxruntime, CTranslate2, transformers.js", "", f"`{command}`", "",
              f"{env['cpu']}, torch {env['torch']}.", "",
-             f"## Speed: {s['sentences']} {s['model']} sentences in batches of {s['batch_size']}, {s['threads']} threads, "
-             "each system to its own end", ""]
-    lines += markdown_table(["decoding", "system", "ms", "sentences/s", "vs generate()"],
-                            [[label, name, f"{r['ms']:.0f}", f"{r['sentences_per_s']:.1f}",
-                              f"{r['speed_vs_generate']:.2f}x"]
-                             for label, systems in s["rows"].items() for name, r in systems.items()])
-    lines.append("")
+             f"## Speed: {s['sentences']} {s['model']} sentences in batches of {s['batch_size']}, {s['threads']} "
+             f"threads, each system to its own end, timed in a fresh process of its own ({s['processes']} "
+             "processes)", "",
+             *markdown_table(["decoding", "system", "ms", "sentences/s", "vs generate()"],
+                             [[label, name, f"{r['ms']:.0f}", f"{r['sentences_per_s']:.1f}",
+                               f"{r['speed_vs_generate']:.2f}x"]
+                              for label, systems in s["rows"].items() for name, r in systems.items()]), ""]
     for name, r in results["models"].items():
         lines += [f"## {name}: {r['sentences']} sentences", "",
                   f"Exports (ONNX float32 and int8, CTranslate2 float32 and int8, each verified): "
-                  f"{r['export_seconds']:.0f} s. The float32 exports' outputs are generate()'s on these shares of the "
-                  f"sentences (saved beam: {r['num_beams_as_saved']}):", ""]
-        lines += markdown_table(["export, decoding", "identical to generate()"],
-                                [[what, f"{rate:.1%}"] for what, rate in r["identity"].items()])
-        lines += [""] + markdown_table(["system, decoding", "BLEU"],
-                                       [[system, f"{bleu:.2f}"] for system, bleu in r["bleu"].items()])
-        lines += [""] + markdown_table(["file", "MB"], [[file, f"{size / 1e6:.2f}"] for file, size in r["files"].items()])
+                  f"{r['export_seconds']:.0f} s. Shares of the sentences on which two systems give the same "
+                  f"translation (saved beam: {r['num_beams_as_saved']}):", "",
+                  *markdown_table(["export, decoding", "identical to generate()"],
+                                  [[what, f"{rate:.1%}"] for what, rate in r["identity"].items()]), "",
+                  *markdown_table(["system, decoding", "BLEU"], [[k, f"{bleu:.2f}"] for k, bleu in r["bleu"].items()]),
+                  "", *markdown_table(["file", "MB"], [[f, f"{size / 1e6:.2f}"] for f, size in r["files"].items()])]
         if r["differences"]:
-            lines += ["", "Where the ONNX float32 export's beam output differs (first 10):", ""]
-            lines += markdown_table(["source", "ours", "onnx"],
-                                    [[d["source"], d["ours"], d["onnx"]] for d in r["differences"]])
+            lines += ["", "Where the ONNX float32 export's beam output differs (first 10):", "",
+                      *markdown_table(["source", "ours", "onnx"], [[d["source"], d["ours"], d["onnx"]]
+                                                                   for d in r["differences"]])]
         lines.append("")
+    return "\n".join(lines + _render_clients(results)) + "\n"
+
+
+def _render_clients(results) -> list[str]:
+    lines = []
     for js in results.get("transformers.js", []):
         lines += [f"transformers.js 4.3.2 in Node ({js['dtype']}), {js['sentences']} built-in test sentences, greedy: "
                   f"**{js['identity_vs_our_greedy']:.1%}** identical to our greedy generate()"
                   f"{'' if js['dtype'] == 'fp32' else ' (float32)'}; {js['seconds_with_node_start']:.0f} s.", ""]
-    if "browser" in results:
-        b = results["browser"]
-        if "skipped" in b:
-            lines += [f"Browser run skipped: {b['skipped']}.", ""]
-        else:
-            lines += [f"## In the browser: {b['browser']}, headless", "",
-                      f"transformers.js with onnxruntime-web (WebAssembly), served from localhost, in {b['seconds']:.0f} s "
-                      f"(page load to the last translation):", ""]
-            lines += markdown_table(["English", "German (in the browser)"],
-                                    [[s, t] for s, t in zip(b.get("sources", []), b.get("translations", []))])
-            lines += ["", f"![the page in headless Chromium]({Path(b['screenshot']).name})", ""]
-    return "\n".join(lines) + "\n"
+    b = results.get("browser")
+    if b and "skipped" in b:
+        lines += [f"Browser run skipped: {b['skipped']}.", ""]
+    elif b:
+        lines += [f"## In the browser: {b['browser']}, headless", "",
+                  f"transformers.js with onnxruntime-web (WebAssembly), served from localhost, in {b['seconds']:.0f} s "
+                  "(page load to the last translation):", "",
+                  *markdown_table(["English", "German (in the browser)"],
+                                  [[s, t] for s, t in zip(b.get("sources", []), b.get("translations", []))]),
+                  "", f"![the page in headless Chromium]({Path(b['screenshot']).name})", ""]
+    return lines
 
 
 if __name__ == "__main__":

@@ -12,11 +12,10 @@ import sys
 from collections.abc import Callable
 from pathlib import Path
 
-from .workloads import BenchmarkSpec, SYSTEMS, TextbookDecoder, build_models, generate_fixed_length, make_train_step, source_batch, training_batch
-
 import torch
 
-
+from .workloads import (SYSTEMS, BenchmarkSpec, TextbookDecoder, build_models, generate_fixed_length, make_train_step,
+                        source_batch, training_batch)
 
 # Linux counts resident pages per thread in batches of up to 64 pages (256 KiB) before updating the process
 # total, so peaks closer than this are a tie.

@@ -1,28 +1,12 @@
-"""The benchmark run: speed and memory of our Transformer against its closest built-in peer and against a textbook decoder.
+"""The benchmark run (`make bench`, and the device check's run on a GPU): ours against `MarianMTModel` of the same
+shape (the closest built-in peer: post-LN, sinusoidal positions, scaled shared embeddings; both with SDPA) and
+against `TextbookDecoder` (the tutorials' decoding without a cache, on our weights), doing the same work in one
+process, interleaved: a training step (also under torch.compile), greedy and beam decoding of a fixed length, beam
+search against the textbook decoder as the output grows, and each workload's peak memory (`measure_memory`).
 
-Three systems do the same work in one process, interleaved (each repetition runs every system, alternating
-their order), so machine noise falls on all of them alike:
-
-* ``ours``: `VanillaTransformerForConditionalGeneration` with transformers' `generate()` and its key/value cache;
-* ``marian``: `transformers.MarianMTModel` configured to the same shape (the closest built-in peer: a post-LN
-  encoder-decoder with sinusoidal positions, scaled and shared embeddings); both use SDPA attention;
-* ``textbook``: `TextbookDecoder`, decoding as the tutorials do (the Annotated Transformer's `greedy_decode`):
-  the source is encoded once, then the whole decoder re-runs over the growing prefix at every step, with no
-  cache. It runs on our model's weights, so its greedy output equals ours.
-
-Workloads: a training step (forward, backward and AdamW on a right-padded batch with -100 labels), greedy and
-beam-search decoding of a fixed number of tokens (eos is suppressed, `min_new_tokens == max_new_tokens`, so
-every system does the same work), and the peak memory of each, measured in a fresh subprocess per system (see
-`measure_memory`). Results: medians, ratios, the training step's model-FLOPs utilisation against a matmul
-peak measured in the same run, and beam search's speedup over the textbook decoder as the output grows.
-
-Each speed ratio comes with its ceiling on the machine at hand, measured in the same run: `ProjectionFloor`
-times the cached decoding's matmuls alone (what any cached decoder of this shape must compute), so a peer's
-time over it bounds what any implementation could gain over that peer. `AttentionFloor` adds the attention
-kernels (and beam search's reordering of the cache), which no cached decoder skips either. Through `generate()`
-the bound is tighter still: `generation_split` measures the time transformers' generation loop spends outside
-the model (logits processing, token selection, beam bookkeeping), which any model decoding through it pays on
-top of its kernels. `decoding_flops` counts what the cache saves in arithmetic.
+Each speed ratio comes with its ceiling on the machine at hand, from floors timed in the same run (floors.py): what
+the unavoidable kernels of a workload cost, so that a peer's time over them bounds what any implementation could
+gain over that peer. scripts/benchmarks/README.md gives the method and the latest figures.
 """
 
 from __future__ import annotations
@@ -31,14 +15,16 @@ import dataclasses
 import statistics
 import time
 from collections.abc import Callable
+from functools import partial
 
 import torch
-from .floors import AttentionFloor, ProjectionFloor, TrainingFloor, decoding_flops, generation_split, token_counts, training_flops
+
+from .floors import (AttentionFloor, ProjectionFloor, TrainingFloor, decoding_flops, generation_split, token_counts,
+                     training_flops)
 from .memory import MEMORY_RESOLUTION_MIB, measure_memory
-from .workloads import BenchmarkSpec, SYSTEMS, TextbookDecoder, build_models, generate_fixed_length, make_train_step, parameter_counts, source_batch, training_batch
 from .toolkit import environment, load_average, matmul_peak, time_interleaved
-
-
+from .workloads import (SYSTEMS, BenchmarkSpec, TextbookDecoder, build_models, first_steps, generate_fixed_length,
+                        parameter_counts, source_batch, training_batch, training_steps)
 
 # Slowest over fastest repeat of one system beyond which a run is reported as disturbed by other processes.
 NOISY_SPREAD = 1.5
@@ -49,131 +35,40 @@ def _ratio(numerator, denominator):
 
 
 def run_benchmark(spec: BenchmarkSpec, log: Callable[[str], None] = print) -> dict:
-    """Everything the script reports, as one JSON-ready dict, on the spec's device: the CPU benchmark
-    (`make bench`) and the GPU check (device_check.py) are this one run."""
+    """Everything the benchmark reports, as one JSON-ready dict, on the spec's device."""
     torch.set_num_threads(spec.threads)
-    device = torch.device(spec.device)
-    started = time.perf_counter()
+    device, started = torch.device(spec.device), time.perf_counter()
     models = build_models(spec)
-    ours = models["ours"]
-    config = ours.config
-    textbook = TextbookDecoder(ours)
     results = {"spec": dataclasses.asdict(spec), "environment": environment(device),
                "parameters": {name: parameter_counts(model) for name, model in models.items()}}
     log(f"threads: {torch.get_num_threads()}; parameters: {results['parameters']}")
-    peaks = [matmul_peak(spec.matmul_size, device=device)["flops"]]
+    peaks, phases, outputs = [matmul_peak(spec.matmul_size, device=device)["flops"]], {}, {}
 
-    # Training step.
-    batch = training_batch(spec, config)
-    steps = {name: make_train_step(model, batch) for name, model in models.items()}
-    steps["floor"] = TrainingFloor(ours, batch)
-    phases = {}
-    mark = time.perf_counter()
-    log("timing the training step ...")
-    target_tokens = int((batch["labels"] != -100).sum())
-    train = summarize(time_interleaved(steps, spec.repeats, spec.warmup, device), target_tokens)
-    floor = train.pop("floor")
-    shape = (*batch["input_ids"].shape, batch["labels"].shape[1])
-    # Model FLOPs count the batch's tokens; a dense implementation also computes the padding.
-    flops = training_flops(config, *shape, True, *token_counts(batch))
-    executed = {"ours": training_flops(config, *shape), "marian": training_flops(config, *shape)}
-    phases["train"] = time.perf_counter() - mark
-    results["train"] = {"systems": train, "target_tokens": target_tokens, "flops_per_step": flops,
-                        "flops_per_step_padded": executed["marian"],
-                        "floor": floor, "ceiling_vs_marian": train["marian"]["median_s"] / floor["median_s"],
-                        "shape": {"batch": spec.batch_size, "source": batch["input_ids"].shape[1],
-                                  "target": batch["labels"].shape[1]}}
+    def phase(name, measure, *args):
+        mark = time.perf_counter()
+        results[name] = measure(*args)
+        phases[name] = time.perf_counter() - mark
 
+    batch = training_batch(spec, models["ours"].config)
+    phase("train", training, models, batch, spec, log)
     if spec.compile_backend:
-        mark = time.perf_counter()
-        results["train_compiled"] = compiled_training(models, batch, spec, log)
-        phases["train_compiled"] = time.perf_counter() - mark
-
-    # Decoding: greedy and beam search, fixed length.
-    source = source_batch(spec, config, spec.generation_batch_size)
-    outputs = {}
+        phase("train_compiled", compiled_training, models, batch, spec, log)
     for workload, beams in (("greedy", 1), ("beam", spec.num_beams)):
-        log(f"timing {workload} decoding ...")
-        mark = time.perf_counter()
-
-        tasks = {name: (lambda m=model, b=beams: generate_fixed_length(m, **source, new_tokens=spec.new_tokens,
-                                                                        num_beams=b))
-                 for name, model in models.items()}
-        tasks["textbook"] = lambda b=beams: textbook.decode(**source, new_tokens=spec.new_tokens, num_beams=b)
-        tasks["attention_floor"] = AttentionFloor(ours, tasks["ours"])
-        tasks = {name: (lambda f=f, n=name, w=workload: outputs.__setitem__((n, w), f())) if name in SYSTEMS else f
-                 for name, f in tasks.items()}
-        tasks["floor"] = ProjectionFloor(ours, spec.generation_batch_size, source["input_ids"].shape[1],
-                                         spec.new_tokens, beams, int(source["attention_mask"].sum()))
-        tokens = spec.generation_batch_size * spec.new_tokens
-        systems = summarize(time_interleaved(tasks, spec.repeats, spec.warmup, device), tokens)
-        # Separately (the timing hooks cost a little): how much of generate() is the loop around the model.
-        split = {name: generation_split(models[name], tasks[name], min(spec.repeats, 3)) for name in models}
-        floor, loop = systems["floor"]["median_s"], min(s["loop_s"] for s in split.values())
-        attention = systems["attention_floor"]["median_s"]
-        results[workload] = {"systems": {n: systems[n] for n in SYSTEMS}, "projection_floor": systems["floor"],
-                             "attention_floor": systems["attention_floor"],
-                             "num_beams": beams, "new_tokens": spec.new_tokens,
-                             "batch": spec.generation_batch_size, "generation_split": split,
-                             "ceiling_vs_marian": systems["marian"]["median_s"] / floor,
-                             # The most a model could gain through generate(): its matmuls, its attention and
-                             # the loop's time.
-                             "ceiling_through_generate": systems["marian"]["median_s"] / (floor + attention + loop)}
-        phases[workload] = time.perf_counter() - mark
+        phase(workload, decoding, models, spec, workload, beams, outputs, log)
     results["checks"] = {
         "output_shapes": {f"{n}/{w}": list(out.shape) for (n, w), out in outputs.items()},
         "textbook_greedy_equals_ours": torch.equal(outputs["textbook", "greedy"], outputs["ours", "greedy"]),
-        "textbook_beam_equals_ours": torch.equal(outputs["textbook", "beam"], outputs["ours", "beam"]),
-    }
-
-    # Beam search against the textbook decoder as the output grows.
-    curve_source = source_batch(spec, config, spec.curve_batch_size, seed=spec.seed + 3)
-    curve = []
-    mark = time.perf_counter()
-    for length in spec.curve_lengths:
-        log(f"timing beam-{spec.num_beams} vs textbook at {length} tokens ...")
-        tasks = {
-            "ours": lambda n=length: generate_fixed_length(ours, **curve_source, new_tokens=n,
-                                                           num_beams=spec.num_beams),
-            "textbook": lambda n=length: textbook.beam(**curve_source, new_tokens=n, num_beams=spec.num_beams),
-            "floor": ProjectionFloor(ours, spec.curve_batch_size, curve_source["input_ids"].shape[1], length,
-                                     spec.num_beams, int(curve_source["attention_mask"].sum())),
-        }
-        tasks["attention_floor"] = AttentionFloor(ours, tasks["ours"])
-        # No warm-up: the decoding workloads above already ran both code paths.
-        timed = summarize(time_interleaved(tasks, spec.curve_repeats, 0, device), spec.curve_batch_size * length)
-        loop = generation_split(ours, tasks["ours"], spec.curve_repeats)["loop_s"]
-        floors = timed["floor"]["median_s"] + timed["attention_floor"]["median_s"]
-        shape = (config, spec.curve_batch_size, curve_source["input_ids"].shape[1], length, spec.num_beams)
-        source_tokens = int(curve_source["attention_mask"].sum())
-        curve.append({"new_tokens": length, "ours_s": timed["ours"]["median_s"],
-                      "textbook_s": timed["textbook"]["median_s"],
-                      "speedup": timed["textbook"]["median_s"] / timed["ours"]["median_s"],
-                      "projection_floor_s": timed["floor"]["median_s"],
-                      "attention_floor_s": timed["attention_floor"]["median_s"],
-                      # The most a cached decoder could gain here: no time beyond its projections.
-                      "ceiling": timed["textbook"]["median_s"] / timed["floor"]["median_s"],
-                      "generate_loop_s": loop,
-                      "ceiling_through_generate": timed["textbook"]["median_s"] / (floors + loop),
-                      # What a cache saves in arithmetic.
-                      "flop_ratio": decoding_flops(*shape, cached=False, source_tokens=source_tokens)
-                                    / decoding_flops(*shape, source_tokens=source_tokens)})
-    phases["beam_curve"] = time.perf_counter() - mark
-    results["beam_curve"] = {"batch": spec.curve_batch_size, "num_beams": spec.num_beams,
-                             "repeats": spec.curve_repeats, "points": curve}
-
+        "textbook_beam_equals_ours": torch.equal(outputs["textbook", "beam"], outputs["ours", "beam"])}
+    phase("beam_curve", beam_curve, models["ours"], spec, log)
     peaks.append(matmul_peak(spec.matmul_size, device=device)["flops"])
-    peak = max(peaks)
-    results["matmul_peak"] = {"size": spec.matmul_size, "flops": peak, "samples": peaks}
-    for name, system in train.items():
-        system["mfu"] = flops / system["median_s"] / peak
-        system["matmul_utilisation"] = executed[name] / system["median_s"] / peak  # the FLOPs it actually runs
-
+    results["matmul_peak"] = {"size": spec.matmul_size, "flops": max(peaks), "samples": peaks}
+    train = results["train"]
+    for system in train["systems"].values():  # model FLOPs count the batch's tokens; the padded ones what runs
+        system["mfu"] = train["flops_per_step"] / system["median_s"] / max(peaks)
+        system["matmul_utilisation"] = train["flops_per_step_padded"] / system["median_s"] / max(peaks)
     if spec.memory:
         log("measuring peak memory in subprocesses ...")
-        mark = time.perf_counter()
-        results["memory_mib"] = measure_memory(spec)
-        phases["memory"] = time.perf_counter() - mark
+        phase("memory_mib", measure_memory, spec)
         results["memory_method"] = ("peak RSS growth over the RSS before the workload (VmHWM after resetting it via "
                                     "/proc/self/clear_refs), fresh process per system, glibc mmap threshold 64 KiB"
                                     + ("" if spec.isolate_memory else "; one process shared by all systems"))
@@ -184,32 +79,98 @@ def run_benchmark(spec: BenchmarkSpec, log: Callable[[str], None] = print) -> di
     results["paired_ratios"] = paired_ratios(results)
     results["verdicts"] = verdicts(results)
     results["environment"]["load_average_at_end"] = load_average()
-    results["elapsed_s"] = time.perf_counter() - started
-    results["phase_s"] = phases
+    results["elapsed_s"], results["phase_s"] = time.perf_counter() - started, phases
     return results
 
 
-def compiled_training(models: dict, batch: dict, spec: BenchmarkSpec, log: Callable[[str], None]) -> dict:
-    """The training step eager and under torch.compile, ours and Marian, interleaved. Each compiled system trains
-    a copy of its model; its first step (the compilation) is timed apart and kept out of the medians."""
-    import copy
+def training(models: dict, batch: dict, spec: BenchmarkSpec, log: Callable[[str], None]) -> dict:
+    """The training step of each model and the training floor (`TrainingFloor`), interleaved."""
+    log("timing the training step ...")
+    steps = {**training_steps(models, batch), "floor": TrainingFloor(models["ours"], batch)}
+    target_tokens = token_counts(batch)[1]
+    systems = summarize(time_interleaved(steps, spec.repeats, spec.warmup, spec.device), target_tokens)
+    floor = systems.pop("floor")
+    config, shape = models["ours"].config, (*batch["input_ids"].shape, batch["labels"].shape[1])
+    return {"systems": systems, "target_tokens": target_tokens,
+            "flops_per_step": training_flops(config, *shape, True, *token_counts(batch)),
+            "flops_per_step_padded": training_flops(config, *shape), "floor": floor,
+            "ceiling_vs_marian": systems["marian"]["median_s"] / floor["median_s"],
+            "shape": {"batch": spec.batch_size, "source": shape[1], "target": shape[2]}}
 
-    steps, compile_s = {}, {}
-    for name in ("ours", "marian"):
-        steps[f"{name}_eager"] = make_train_step(models[name], batch)
-        steps[f"{name}_compiled"] = make_train_step(torch.compile(copy.deepcopy(models[name]),
-                                                                  backend=spec.compile_backend), batch)
-        log(f"compiling the training step of {name} ({spec.compile_backend}) ...")
-        mark = time.perf_counter()
-        steps[f"{name}_compiled"]()
-        compile_s[name] = time.perf_counter() - mark
+
+def compiled_training(models: dict, batch: dict, spec: BenchmarkSpec, log: Callable[[str], None]) -> dict:
+    """The training step eager and under torch.compile, each model, interleaved; each compiled step's first call
+    (its compilation) is timed apart and kept out of the medians."""
+    steps = training_steps(models, batch, spec.compile_backend)
+    log(f"compiling the training steps ({spec.compile_backend}) ...")
+    first, errors = first_steps(steps, spec.device)
+    if errors:
+        raise RuntimeError(f"training steps failed: {errors}")
     log("timing the training step, eager vs compiled ...")
-    timed = summarize(time_interleaved(steps, spec.repeats, spec.warmup, spec.device),
-                      int((batch["labels"] != -100).sum()))
+    timed = summarize(time_interleaved(steps, spec.repeats, spec.warmup, spec.device), token_counts(batch)[1])
     median = {name: system["median_s"] for name, system in timed.items()}
-    return {"backend": spec.compile_backend, "systems": timed, "compile_s": compile_s,
-            "compiled_speed_vs_eager": {n: median[f"{n}_eager"] / median[f"{n}_compiled"] for n in ("ours", "marian")},
+    return {"backend": spec.compile_backend, "systems": timed,
+            "compile_s": {name: first[f"{name}_compiled"] for name in models},
+            "compiled_speed_vs_eager": {n: median[f"{n}_eager"] / median[f"{n}_compiled"] for n in models},
             "compiled_speed_vs_marian_compiled": median["marian_compiled"] / median["ours_compiled"]}
+
+
+def decoding(models: dict, spec: BenchmarkSpec, workload: str, beams: int, outputs: dict,
+             log: Callable[[str], None]) -> dict:
+    """Fixed-length decoding by every system with the projection and attention floors, interleaved (each system's
+    output kept in `outputs`), and, apart, the share of generate() that is its loop (`generation_split`)."""
+    log(f"timing {workload} decoding ...")
+    ours = models["ours"]
+    source = source_batch(spec, ours.config, spec.generation_batch_size)
+    runs = {name: partial(generate_fixed_length, model, **source, new_tokens=spec.new_tokens, num_beams=beams)
+            for name, model in models.items()}
+    runs["textbook"] = partial(TextbookDecoder(ours).decode, **source, new_tokens=spec.new_tokens, num_beams=beams)
+    tasks = {name: partial(lambda n: outputs.__setitem__((n, workload), runs[n]()), name) for name in SYSTEMS}
+    tasks["attention_floor"] = AttentionFloor(ours, runs["ours"])
+    tasks["floor"] = ProjectionFloor(ours, spec.generation_batch_size, source["input_ids"].shape[1], spec.new_tokens,
+                                     beams, int(source["attention_mask"].sum()))
+    systems = summarize(time_interleaved(tasks, spec.repeats, spec.warmup, spec.device),
+                        spec.generation_batch_size * spec.new_tokens)
+    split = {name: generation_split(model, runs[name], min(spec.repeats, 3)) for name, model in models.items()}
+    floor, attention = systems["floor"]["median_s"], systems["attention_floor"]["median_s"]
+    marian, loop = systems["marian"]["median_s"], min(s["loop_s"] for s in split.values())
+    return {"systems": {n: systems[n] for n in SYSTEMS}, "projection_floor": systems["floor"],
+            "attention_floor": systems["attention_floor"], "num_beams": beams, "new_tokens": spec.new_tokens,
+            "batch": spec.generation_batch_size, "generation_split": split, "ceiling_vs_marian": marian / floor,
+            # The most a model could gain through generate(): its matmuls, its attention and the loop's time.
+            "ceiling_through_generate": marian / (floor + attention + loop)}
+
+
+def beam_curve(ours, spec: BenchmarkSpec, log: Callable[[str], None]) -> dict:
+    """Our beam search against the textbook decoder's at each of `spec.curve_lengths` output tokens, with the floors
+    and generate()'s loop at each."""
+    source = source_batch(spec, ours.config, spec.curve_batch_size, seed=spec.seed + 3)
+    width, source_tokens = source["input_ids"].shape[1], int(source["attention_mask"].sum())
+    textbook = TextbookDecoder(ours)
+    points = []
+    for length in spec.curve_lengths:
+        log(f"timing beam-{spec.num_beams} vs textbook at {length} tokens ...")
+        run = partial(generate_fixed_length, ours, **source, new_tokens=length, num_beams=spec.num_beams)
+        tasks = {"ours": run, "textbook": partial(textbook.beam, **source, new_tokens=length, num_beams=spec.num_beams),
+                 "floor": ProjectionFloor(ours, spec.curve_batch_size, width, length, spec.num_beams, source_tokens),
+                 "attention_floor": AttentionFloor(ours, run)}
+        # No warm-up: the decoding workloads before already ran both code paths.
+        t = {n: statistics.median(ts) for n, ts in time_interleaved(tasks, spec.curve_repeats, 0, spec.device).items()}
+        loop = generation_split(ours, run, spec.curve_repeats)["loop_s"]
+        shape = (ours.config, spec.curve_batch_size, width, length, spec.num_beams)
+        points.append({"new_tokens": length, "ours_s": t["ours"], "textbook_s": t["textbook"],
+                       "speedup": t["textbook"] / t["ours"], "projection_floor_s": t["floor"],
+                       "attention_floor_s": t["attention_floor"], "generate_loop_s": loop,
+                       # The most a cached decoder could gain here: no time beyond its projections (then its
+                       # attention and generate()'s loop).
+                       "ceiling": t["textbook"] / t["floor"],
+                       "ceiling_through_generate": t["textbook"] / (t["floor"] + t["attention_floor"] + loop),
+                       # What a cache saves in arithmetic.
+                       "flop_ratio": decoding_flops(*shape, cached=False, source_tokens=source_tokens)
+                                     / decoding_flops(*shape, source_tokens=source_tokens)})
+    return {"batch": spec.curve_batch_size, "num_beams": spec.num_beams, "repeats": spec.curve_repeats,
+            "points": points}
+
 
 
 def ratios(results: dict, statistic: str = "median_s") -> dict:

@@ -1,28 +1,19 @@
 """Quality parity: our Transformer against `transformers.MarianMTModel` of the same shape, trained the same way.
 
-Marian is the paper's architecture in transformers (post-LN, ReLU here, sqrt(d_model)-scaled embeddings shared
-between encoder, decoder and output, sinusoidal positions), so on one task, one tokenizer, one batch stream and
-one objective the two should translate equally well. What is the same for both:
+Marian is the paper's architecture in transformers (post-LN, sqrt(d_model)-scaled embeddings shared between encoder,
+decoder and output, sinusoidal positions), so on one task, tokenizer, batch stream and objective the two should
+translate equally well. The same for both: shape and ids; Multi30k en->de with the shared BPE
+(`train_shared_tokenizer`) and identical §5.1 token batches in identical order (`TokenBucketBatchSampler`, one
+seed); `PaperTrainer` with the Noam schedule (§5.3), steps and seed; the objective, §5.4 label-smoothed
+cross-entropy over the step's target tokens (our model's `label_smoothed_cross_entropy`, which Marian, whose loss has
+no smoothing, gets as Trainer's `compute_loss_func`); one beam search for BLEU (beam 4, |Y|^0.6). What differs is
+the implementation and the initial weights, which each library draws its own way (both N(0, 0.02)).
 
-- shape and ids: d_model, layers, heads, d_ff, ReLU, dropout, pad 0 / eos 2 / decoder start 1;
-- data: Multi30k en->de, the shared BPE of `tokenization.train_shared_tokenizer`, token batches (§5.1) from
-  `TokenBucketBatchSampler` with one seed, so both see identical batches in identical order;
-- recipe: `PaperTrainer` (Adam 0.9/0.98/1e-9, the Noam schedule of §5.3), same steps and seed;
-- objective: §5.4 label-smoothed cross-entropy summed over the step's target tokens and divided by their
-  count (`num_items_in_batch`): our model's own loss function, `label_smoothed_cross_entropy`, which Marian
-  (whose loss has no smoothing) gets as Trainer's `compute_loss_func`;
-- decoding for BLEU: one `GenerationConfig` (beam 4, length penalty 0.6 as |Y|^0.6, at most 128 new tokens).
-
-What differs is the implementation, and by default (`init="own"`) the initial weights: each library draws
-its own (both N(0, init_std=0.02) everywhere). With `init="ours"` or `init="marian"` both start from the same weights, one model's initial
-weights mapped onto the other through the converter's permutation (the two then compute the same
-function to float rounding), so the comparison isolates the forward/backward code.
-
-The two runs can train side by side in two processes with one thread each (`parallel=True`): on a shared
-CPU that is faster than one after the other and both see the same machine load.
+By default the two train side by side in two processes with one thread each: on a shared CPU that is faster than
+one after the other, and both see the same machine load.
 
     python -m scripts.benchmarks.quality_parity                       # writes scripts/benchmarks/results/parity_*
-    python -m scripts.benchmarks.quality_parity --preset tiny --max_steps 50 --save_steps 10 --output_dir /tmp/p   # a smoke run
+    python -m scripts.benchmarks.quality_parity --preset tiny --max_steps 50 --save_steps 10 --output_dir /tmp/p
 
 Skips (exit status 0, with the reason) where ../shared/data/multi30k is absent.
 """
@@ -31,8 +22,6 @@ from __future__ import annotations
 
 import math
 import os
-import shlex
-import sys
 import tempfile
 import time
 from concurrent.futures import ProcessPoolExecutor
@@ -44,45 +33,27 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")  # everything here is built locally
 
 import torch  # noqa: E402
 from datasets import DatasetDict, load_from_disk  # noqa: E402
-from .toolkit import (environment, load_average, load_multi30k, markdown_table, multi30k_missing,  # noqa: E402
-                      shared_tokenizer_for, write_report)
-from transformers import (  # noqa: E402
-    AutoTokenizer,
-    DataCollatorForSeq2Seq,
-    GenerationConfig,
-    HfArgumentParser,
-    MarianMTModel,
-    TrainerCallback,
-    set_seed,
-)
-
-from vanilla_transformer.configuration_vanilla_transformer import VanillaTransformerConfig  # noqa: E402
-from vanilla_transformer.tools.marian import (  # noqa: E402
-    marian_config_like,
-    state_dict_from_marian,
-    copy_weights_into_marian,
-)
-from vanilla_transformer.data.corpora import tokenize_parallel  # noqa: E402
-from vanilla_transformer.training.metrics import corpus_scores  # noqa: E402
-from vanilla_transformer.modeling_vanilla_transformer import (  # noqa: E402
-    VanillaTransformerForConditionalGeneration,
-    label_smoothed_cross_entropy,
-)
-from vanilla_transformer.training.schedule import NoamLambda  # noqa: E402
-from vanilla_transformer.training import (  # noqa: E402
-    PaperTrainer,
-    TranslationTrainingArguments,
-    average_checkpoints,
-    last_checkpoints,
-)
-from vanilla_transformer.training.arguments import native_bf16  # noqa: E402
-from vanilla_transformer.training.run import parse_config_overrides  # noqa: E402
-from vanilla_transformer.tools.translation import translate  # noqa: E402
+from transformers import (AutoTokenizer, DataCollatorForSeq2Seq, GenerationConfig, HfArgumentParser,  # noqa: E402
+                          MarianMTModel, TrainerCallback, set_seed)
 
 from scripts.recipes.multi30k_en_de import RECIPE  # noqa: E402
+from vanilla_transformer.configuration_vanilla_transformer import VanillaTransformerConfig  # noqa: E402
+from vanilla_transformer.data.corpora import tokenize_parallel  # noqa: E402
+from vanilla_transformer.modeling_vanilla_transformer import (  # noqa: E402
+    VanillaTransformerForConditionalGeneration, label_smoothed_cross_entropy)
+from vanilla_transformer.tools.marian import marian_config_like  # noqa: E402
+from vanilla_transformer.tools.translation import translate  # noqa: E402
+from vanilla_transformer.training import (PaperTrainer, TranslationTrainingArguments,  # noqa: E402
+                                          average_checkpoints, last_checkpoints)
+from vanilla_transformer.training.metrics import corpus_scores  # noqa: E402
+from vanilla_transformer.training.precision import native_bf16  # noqa: E402
+from vanilla_transformer.training.run import parse_config_overrides  # noqa: E402
+from vanilla_transformer.training.schedule import NoamLambda  # noqa: E402
+
+from .toolkit import (command_line, environment, load_average, load_multi30k, markdown_table,  # noqa: E402
+                      multi30k_missing, shared_tokenizer_for, write_report)
 
 MODELS = ("ours", "marian")
-INITS = ("own", "ours", "marian")
 PRECISIONS = ("auto", "bf16", "fp32")
 
 
@@ -120,8 +91,6 @@ class ParitySettings:
     num_beams: int = 4
     length_penalty: float = 0.6
     max_new_tokens: int = 128
-    init: str = field(default="own", metadata={"help": "own: each library's initialisation | ours: both start "
-                                                        "from our initial weights | marian: both from Marian's"})
     report_name: str = field(default="parity_multi30k", metadata={"help": "Names the .json/.md/.png reports."})
     parallel: bool = field(default=True, metadata={"help": "Train both models at once, one process each."})
     threads_per_model: int = 1
@@ -160,84 +129,64 @@ class GreedyBleuCallback(TrainerCallback):
         self.curve.append((state.global_step, corpus_scores(hypotheses, self.references)["bleu"]))
 
 
-def _build_model(kind: str, config: VanillaTransformerConfig, settings: ParitySettings):
-    if settings.init not in INITS:
-        raise ValueError(f"init must be one of {INITS}, got {settings.init!r}.")
+def trainer_for(kind: str, settings: ParitySettings, work: Path, callbacks: list) -> PaperTrainer:
+    """`PaperTrainer` for one of the two models, on the prepared data in `work`, both seeded alike."""
+    tokenizer = AutoTokenizer.from_pretrained(work / "tokenizer")
+    data = load_from_disk(str(work / "tokenized"))
+    config = VanillaTransformerConfig.from_json_file(work / "config.json")
     set_seed(settings.seed)
-    ours = VanillaTransformerForConditionalGeneration(config)
-    set_seed(settings.seed)
-    marian = MarianMTModel(marian_config_like(config))
-    if settings.init == "ours":
-        copy_weights_into_marian(ours, marian)
-    elif settings.init == "marian":
-        missing, unexpected = ours.load_state_dict(state_dict_from_marian(marian.state_dict(), config.d_model),
-                                                   strict=False)
-        if missing or unexpected:
-            raise ValueError(f"Marian's weights do not map onto ours: missing {missing}, unexpected {unexpected}.")
-    return ours if kind == "ours" else marian
+    model = (VanillaTransformerForConditionalGeneration(config) if kind == "ours"
+             else MarianMTModel(marian_config_like(config)))
+    averaged = settings.average_last_checkpoints > 0
+    args = TranslationTrainingArguments(
+        output_dir=str(work / kind), max_steps=settings.max_steps, seed=settings.seed, learning_rate=1.0,
+        eval_strategy="steps", eval_steps=settings.eval_steps, logging_steps=settings.logging_steps,
+        per_device_eval_batch_size=64, predict_with_generate=False, report_to="none",
+        save_strategy="steps" if averaged else "no", save_steps=settings.save_steps,
+        save_total_limit=settings.average_last_checkpoints if averaged else None, use_cpu=True,
+        bf16=native_bf16() if settings.precision == "auto" else settings.precision == "bf16", disable_tqdm=True,
+        dataloader_num_workers=0)
+    return PaperTrainer(
+        model=model, args=args, train_dataset=data["train"], eval_dataset=data["validation"],
+        processing_class=tokenizer, callbacks=callbacks,
+        data_collator=DataCollatorForSeq2Seq(tokenizer, model=model, label_pad_token_id=-100),
+        compute_loss_func=None if kind == "ours" else label_smoothed_loss_func(settings.label_smoothing),
+        noam_schedule=NoamLambda(config.d_model, settings.noam_warmup_steps, settings.noam_factor),
+        max_tokens_per_batch=settings.max_tokens_per_batch)
 
 
 def train_and_score(kind: str, settings: ParitySettings) -> dict:
     """Train one of the two models on the prepared data in `settings.work_dir`; return its curves and BLEU."""
     torch.set_num_threads(settings.threads_per_model)
     work = Path(settings.work_dir)
+    validation = load_from_disk(str(work / "raw_validation"))["translation"]
+    sources, references = [pair["en"] for pair in validation], [pair["de"] for pair in validation]
     tokenizer = AutoTokenizer.from_pretrained(work / "tokenizer")
-    data = load_from_disk(str(work / "tokenized"))
-    raw_validation = load_from_disk(str(work / "raw_validation"))
-    config = VanillaTransformerConfig.from_json_file(work / "config.json")
-    model = _build_model(kind, config, settings)
+    generation_config = decoding_config(settings, VanillaTransformerConfig.from_json_file(work / "config.json"))
+    n = settings.bleu_curve_samples
+    callbacks = [GreedyBleuCallback(tokenizer, sources[:n], references[:n], generation_config)] if n > 0 else []
+    trainer = trainer_for(kind, settings, work, callbacks)
+    model = trainer.model
     # Counted before training: a reloaded Marian marks its sinusoidal position tables trainable.
     parameters = sum(p.numel() for p in model.parameters() if p.requires_grad)
-    generation_config = decoding_config(settings, config)
-    sources = [pair["en"] for pair in raw_validation["translation"]]
-    references = [pair["de"] for pair in raw_validation["translation"]]
-    callbacks = []
-    if settings.bleu_curve_samples > 0:
-        n = settings.bleu_curve_samples
-        callbacks.append(GreedyBleuCallback(tokenizer, sources[:n], references[:n], generation_config))
-
-    averaged = settings.average_last_checkpoints > 0
-    bf16 = native_bf16() if settings.precision == "auto" else settings.precision == "bf16"
-    args = TranslationTrainingArguments(
-        output_dir=str(work / kind), max_steps=settings.max_steps, seed=settings.seed, learning_rate=1.0,
-        eval_strategy="steps", eval_steps=settings.eval_steps, logging_steps=settings.logging_steps,
-        per_device_eval_batch_size=64, predict_with_generate=False, report_to="none",
-        save_strategy="steps" if averaged else "no", save_steps=settings.save_steps,
-        save_total_limit=settings.average_last_checkpoints if averaged else None,
-        use_cpu=True, bf16=bf16, disable_tqdm=True, dataloader_num_workers=0,
-    )
-    trainer = PaperTrainer(
-        model=model, args=args, train_dataset=data["train"], eval_dataset=data["validation"],
-        processing_class=tokenizer, callbacks=callbacks,
-        data_collator=DataCollatorForSeq2Seq(tokenizer, model=model, label_pad_token_id=-100),
-        compute_loss_func=None if kind == "ours" else label_smoothed_loss_func(settings.label_smoothing),
-        noam_schedule=NoamLambda(config.d_model, settings.noam_warmup_steps, settings.noam_factor),
-        max_tokens_per_batch=settings.max_tokens_per_batch,
-    )
     start = time.perf_counter()
     train_result = trainer.train()
     train_seconds = time.perf_counter() - start
-    if averaged:
+    if settings.average_last_checkpoints > 0:
         folder = average_checkpoints(last_checkpoints(work / kind, settings.average_last_checkpoints),
                                      work / f"{kind}_averaged")
         model = type(model).from_pretrained(folder).eval()
-
     start = time.perf_counter()
     model.generation_config = generation_config
     hypotheses = translate(model, tokenizer, sources, batch_size=64)
     decode_seconds = time.perf_counter() - start
     scores = corpus_scores(hypotheses, references)
     (work / f"{kind}_validation_translations.txt").write_text("".join(h + "\n" for h in hypotheses), encoding="utf-8")
-    return {
-        "model": type(model).__name__,
-        "parameters": parameters,
-        "bleu": scores["bleu"], "chrf": scores["chrf"], "bleu_signature": scores["bleu_signature"],
-        "train_loss": train_result.training_loss, "steps": trainer.state.global_step,
-        "epochs": trainer.state.epoch, "bf16": bf16, "train_seconds": train_seconds,
-        "decode_seconds": decode_seconds,
-        "log_history": trainer.state.log_history,
-        "greedy_bleu_curve": callbacks[0].curve if callbacks else [],
-    }
+    return {"model": type(model).__name__, "parameters": parameters, "bleu": scores["bleu"], "chrf": scores["chrf"],
+            "bleu_signature": scores["bleu_signature"], "train_loss": train_result.training_loss,
+            "steps": trainer.state.global_step, "epochs": trainer.state.epoch, "bf16": trainer.args.bf16,
+            "train_seconds": train_seconds, "decode_seconds": decode_seconds,
+            "log_history": trainer.state.log_history, "greedy_bleu_curve": callbacks[0].curve if callbacks else []}
 
 
 def prepare(settings: ParitySettings) -> dict:
@@ -256,17 +205,8 @@ def prepare(settings: ParitySettings) -> dict:
     tokenized.save_to_disk(str(work / "tokenized"))
     raw["validation"].save_to_disk(str(work / "raw_validation"))
     config.to_json_file(work / "config.json")
-
-    checks = {}
-    if settings.init != "own":
-        probe = DataCollatorForSeq2Seq(tokenizer, label_pad_token_id=-100)([tokenized["train"][i] for i in range(32)])
-        marian = _build_model("marian", config, settings).eval()
-        ours = _build_model("ours", config, settings).eval()
-        with torch.no_grad():
-            gap = (ours(**probe).logits - marian(**probe).logits).abs().max().item()
-        checks["initial_logit_gap"] = gap
     return {"vocab_size": len(tokenizer), "train_examples": len(tokenized["train"]),
-            "validation_examples": len(tokenized["validation"]), "checks": checks}
+            "validation_examples": len(tokenized["validation"])}
 
 
 def check_settings(settings: ParitySettings):
@@ -329,8 +269,7 @@ def plot_parity(results: dict, path) -> Path:
         axes[2].set(title=f"greedy BLEU, {n} validation sentences", xlabel="step", ylabel="BLEU")
     for axis in axes:
         axis.legend(fontsize="small")
-    figure.suptitle(f"Multi30k en-de: ours vs MarianMTModel, same shape, data, batches and recipe; "
-                    f"initialisation: {results['settings']['init']}")
+    figure.suptitle("Multi30k en-de: ours vs MarianMTModel, same shape, data, batches and recipe")
     figure.tight_layout()
     path = Path(path)
     figure.savefig(path, dpi=110)
@@ -350,10 +289,6 @@ def render_report(results: dict, command: str, plot_name: str) -> str:
         f"\nGreedy BLEU of {kind} on the first {s['bleu_curve_samples']} validation sentences, by step: "
         + ", ".join(f"{step}: {bleu:.1f}" for step, bleu in runs[kind]["greedy_bleu_curve"]) + "."
         for kind in MODELS if runs[kind].get("greedy_bleu_curve"))
-    init = {"own": "each library's own (both N(0, 0.02), drawn independently)",
-            "ours": "both from our initial weights", "marian": "both from Marian's initial weights"}[s["init"]]
-    if "initial_logit_gap" in results["checks"]:
-        init += f" (initial logits differ by at most {results['checks']['initial_logit_gap']:.1e})"
     return f"""# Quality parity on Multi30k en→de: ours vs `MarianMTModel`
 
 `{command}`
@@ -363,7 +298,8 @@ ReLU, post-LN, scaled shared and tied embeddings; `PaperTrainer` with the Noam s
 {s['noam_warmup_steps']}, factor {s['noam_factor']}), label smoothing {s['label_smoothing']} (our model's loss function, Marian's through
 `compute_loss_func`), token batches of
 {s['max_tokens_per_batch']} padded tokens per side (identical batches for both), {s['max_steps']} steps, seed
-{s['seed']}, {'bf16 autocast' if runs['ours']['bf16'] else 'float32'}, initialisation: {init}; scored:
+{s['seed']}, {'bf16 autocast' if runs['ours']['bf16'] else 'float32'}, each library's own initialisation (both
+N(0, 0.02), drawn independently); scored:
 {f"the average of the last {s['average_last_checkpoints']} checkpoints (one every {s['save_steps']} steps)"
  if s['average_last_checkpoints'] else 'the last weights'}. Validation: all {results['validation_examples']} sentences
 of val, beam {s['num_beams']}, length penalty {s['length_penalty']} (|Y|^α), at most {s['max_new_tokens']} new tokens.
@@ -400,7 +336,7 @@ def main(argv=None):
         print(f"skipped: {reason}")
         return None
     results = run_parity(settings)
-    command = shlex.join(["python", "-m", "scripts.benchmarks.quality_parity", *(sys.argv[1:] if argv is None else argv)])
+    command = command_line("quality_parity", argv)
     stem = Path(settings.output_dir) / settings.report_name
     stem.parent.mkdir(parents=True, exist_ok=True)
     png = plot_parity(results, stem.with_suffix(".png"))

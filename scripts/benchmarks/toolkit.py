@@ -1,8 +1,8 @@
 """What every measurement here shares: one timer, one matmul peak, one environment report, one table and one
 report writer, and the Multi30k data that the quality and batching runs read.
 
-The scripts beside this file import it by name (`import toolkit`): Python puts a script's own folder first on
-its path, and the tests add this folder to theirs.
+The modules beside this file import it relatively (`from .toolkit import ...`): `scripts.benchmarks` is a package,
+run from the repository root as `python -m scripts.benchmarks.NAME`.
 """
 
 from __future__ import annotations
@@ -11,7 +11,9 @@ import gc
 import json
 import os
 import platform
+import shlex
 import statistics
+import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -103,6 +105,11 @@ def markdown_table(header: list[str], rows: list[list]) -> list[str]:
         if len(row) != len(header):
             raise ValueError(f"a table row has {len(row)} cells for {len(header)} columns: {row!r}")
     return [line(header), "|" + "---|" * len(header), *(line(row) for row in rows)]
+
+
+def command_line(module: str, argv: list[str] | None) -> str:
+    """The command that ran `python -m scripts.benchmarks.<module>`, as a report quotes it."""
+    return shlex.join(["python", "-m", f"scripts.benchmarks.{module}", *(sys.argv[1:] if argv is None else argv)])
 
 
 def write_report(stem: str | Path, results: dict, markdown: str) -> dict[str, Path]:

@@ -5,18 +5,20 @@ do (the whole decoder re-run over the growing prefix at every step, no cache) on
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 import math
 from collections.abc import Callable
 
 import torch
 import torch.nn.functional as F
-from .toolkit import cores
 from transformers import GenerationConfig, MarianMTModel
 
 from vanilla_transformer.configuration_vanilla_transformer import PRESETS, VanillaTransformerConfig
-from vanilla_transformer.tools.marian import marian_config_like
 from vanilla_transformer.modeling_vanilla_transformer import VanillaTransformerForConditionalGeneration
+from vanilla_transformer.tools.marian import marian_config_like
+
+from .toolkit import cores, time_interleaved
 
 
 # A vocabulary per preset: a small BPE for the CPU presets, the paper's shared 37k BPE (§5.1) for Table 3's.
@@ -187,7 +189,35 @@ def make_train_step(model: torch.nn.Module, batch: dict, lr: float = 1e-4, autoc
         optimizer.step()
         return loss.item()
 
+    step.model, step.optimizer = model, optimizer
     return step
+
+
+def training_steps(models: dict[str, torch.nn.Module], batch: dict, compile_backend: str | None = None,
+                   optimizer: Callable | None = None, **options) -> dict[str, Callable[[], float]]:
+    """Each model's training step (`make_train_step` with `options`) by its name; with `compile_backend`, as
+    `<name>_eager` beside `<name>_compiled`: a copy under torch.compile(model), as Trainer --torch_compile runs it,
+    that trains its own weights. `optimizer(params)` builds each step's optimizer (default: AdamW)."""
+    steps = {}
+    for name, model in models.items():
+        variants = {name: model} if compile_backend is None else {
+            f"{name}_eager": model, f"{name}_compiled": torch.compile(copy.deepcopy(model), backend=compile_backend)}
+        for label, variant in variants.items():
+            params = [p for p in variant.parameters() if p.requires_grad]
+            steps[label] = make_train_step(variant, batch, optimizer=optimizer and optimizer(params), **options)
+    return steps
+
+
+def first_steps(steps: dict[str, Callable], device=None) -> tuple[dict[str, float], dict[str, str]]:
+    """Every step run once, apart from the timed ones (a compiled step compiles in it): the seconds each took, and
+    the error of each that failed (inductor without a C compiler, say), which the first dict leaves out."""
+    seconds, errors = {}, {}
+    for name, step in steps.items():
+        try:
+            seconds[name] = time_interleaved({name: step}, 1, 0, device)[name][0]
+        except Exception as error:  # noqa: BLE001 - recorded; the other systems still run
+            errors[name] = f"{type(error).__name__}: {error}"[:1000]
+    return seconds, errors
 
 
 def fixed_length_generation_config(model: torch.nn.Module, new_tokens: int, num_beams: int,

@@ -34,7 +34,6 @@ tokenizes the data first (scripts/train.py's `run()`); the others then read the 
 
 import argparse
 import json
-import sys
 from datetime import timedelta
 from pathlib import Path
 

@@ -6,12 +6,12 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from .toolkit import markdown_table
-
 # §5.1: about 25,000 source and 25,000 target tokens a step. §5.2: base 100k steps in 12 hours, big 300k in 3.5
 # days, on 8 P100s.
 TOKENS_PER_SIDE = 25_000
 PAPER_RUNS = {"base": dict(steps=100_000, gpus=8, hours=12.0), "big": dict(steps=300_000, gpus=8, hours=84.0)}
+COLUMNS = ["model", "steps", "step on 1 GPU", "1 GPU", "8 GPUs", "64 GPUs", "GPU-hours", "paper (8 P100)",
+           "measured as"]
 
 
 def measured_step_seconds(report: dict) -> dict[str, dict]:
@@ -38,7 +38,7 @@ def cost_table(report: dict, source: Path) -> str:
     if not measured:
         return (f"`{source}` has no bf16 training step of ours at the paper's batch (the device check's "
                 "paper_batch_training section): nothing to project.")
-    rows = []
+    rows = [COLUMNS, ["---"] * len(COLUMNS)]
     for preset, m in measured.items():
         paper = PAPER_RUNS[preset]
         hours = paper["steps"] * m["step_s"] / 3600
@@ -49,5 +49,4 @@ def cost_table(report: dict, source: Path) -> str:
         f"Projected from `{source}` ({device}). Data parallelism is assumed to scale linearly, so the 8- and 64-GPU "
         "rows are lower bounds on the time: at 64 GPUs the paper's 25k-token batch leaves each card about 400 tokens "
         "per step.", "",
-        *markdown_table(["model", "steps", "step on 1 GPU", "1 GPU", "8 GPUs", "64 GPUs", "GPU-hours",
-                         "paper (8 P100)", "measured as"], rows)])
+        *("| " + " | ".join(row) + " |" for row in rows)])

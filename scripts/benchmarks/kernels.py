@@ -1,0 +1,104 @@
+"""Our loss and dropout kernels against torch's, forward and backward at a training step's shapes: the model's
+`label_smoothed_cross_entropy` against `F.cross_entropy(label_smoothing=)` (on float32 logits, as ours computes),
+its `apply_dropout` against `F.dropout`. The model runs one of each on every device, so it keeps whichever the
+measurements favour: this command times them on this CPU, scripts/device_check.sh on a GPU (`compare_kernels`).
+
+    python -m scripts.benchmarks.kernels       # the Multi30k recipe's shapes; results/kernels_cpu.{json,md}
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import pkgutil
+
+import torch
+import torch.nn.functional as F
+
+from .toolkit import command_line, cores, environment, load_average, markdown_table, median_ms, write_report
+
+KERNELS = ("label_smoothed_cross_entropy", "apply_dropout")
+
+
+def our_kernels() -> dict:
+    """The model's loss and dropout by name, from whichever of the package's Hub-served files holds them."""
+    import vanilla_transformer
+
+    found = {}
+    for module in pkgutil.iter_modules(vanilla_transformer.__path__):
+        if not module.ispkg:
+            loaded = importlib.import_module(f"vanilla_transformer.{module.name}")
+            found.update({name: getattr(loaded, name) for name in KERNELS if hasattr(loaded, name)})
+    if set(found) != set(KERNELS):
+        raise ImportError(f"vanilla_transformer holds no {sorted(set(KERNELS) - set(found))}")
+    return found
+
+
+def compare_kernels(tokens: int, vocab_size: int, d_model: int, dropout: float, label_smoothing: float,
+                    dtypes=(torch.float32, torch.bfloat16), device="cpu", repeats: int = 10) -> list[dict]:
+    """Per dtype, the median milliseconds of forward + backward, ours and torch's: the loss over `tokens` rows of
+    `vocab_size` logits, and dropout `dropout` on a (`tokens`, `d_model`) activation; with the two losses' gap."""
+    ours, generator = our_kernels(), torch.Generator(device).manual_seed(0)
+    rows = []
+    for dtype in dtypes:
+        logits = torch.randn(tokens, vocab_size, device=device, dtype=dtype, generator=generator).requires_grad_()
+        labels = torch.randint(0, vocab_size, (tokens,), device=device, generator=generator)
+        x = torch.randn(tokens, d_model, device=device, dtype=dtype, generator=generator).requires_grad_()
+        losses = {"ours": lambda: ours["label_smoothed_cross_entropy"](logits, labels, label_smoothing),
+                  "torch": lambda: F.cross_entropy(logits.float(), labels, label_smoothing=label_smoothing)}
+        drops = {"ours": lambda: ours["apply_dropout"](x, dropout, True), "torch": lambda: F.dropout(x, dropout)}
+        tasks = {f"loss {name}": (lambda f=f: torch.autograd.grad(f(), logits)) for name, f in losses.items()}
+        tasks.update({f"dropout {name}": (lambda f=f: torch.autograd.grad(f(), x, torch.ones_like(x)))
+                      for name, f in drops.items()})
+        ms = median_ms(tasks, repeats, 2, device)
+        gap = abs(losses["ours"]() - losses["torch"]()).item()
+        rows.append({"dtype": str(dtype).removeprefix("torch."), "loss_gap": gap,
+                     **{f"{kernel}_{name}_ms": ms[f"{kernel} {name}"] for kernel in ("loss", "dropout")
+                        for name in ("ours", "torch")}})
+    return rows
+
+
+def kernel_table(rows: list[dict]) -> list[str]:
+    """Both kernels in each dtype: ours, torch's, and torch's time over ours (> 1: ours faster)."""
+    return markdown_table(["kernel (forward + backward)", "dtype", "ours", "torch", "torch / ours"], [
+        [kernel, row["dtype"], f"{row[f'{kernel}_ours_ms']:.2f} ms", f"{row[f'{kernel}_torch_ms']:.2f} ms",
+         f"{row[f'{kernel}_torch_ms'] / row[f'{kernel}_ours_ms']:.2f}x"] for kernel in ("loss", "dropout")
+        for row in rows])
+
+
+def main(argv=None) -> dict:
+    from scripts.recipes.multi30k_en_de import RECIPE
+    from vanilla_transformer.configuration_vanilla_transformer import PRESETS
+    from vanilla_transformer.training.run import parse_config_overrides
+
+    overrides = parse_config_overrides(RECIPE["config_overrides"])
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--tokens", type=int, default=RECIPE["max_tokens_per_batch"], help="target tokens a step")
+    parser.add_argument("--vocab_size", type=int, default=RECIPE["vocab_size"])
+    parser.add_argument("--d_model", type=int, default=PRESETS[RECIPE["preset"]]["d_model"])
+    parser.add_argument("--dropout", type=float, default=overrides["dropout"])
+    parser.add_argument("--label_smoothing", type=float, default=0.1)
+    parser.add_argument("--repeats", type=int, default=30)
+    parser.add_argument("--threads", type=int, default=None, help="torch threads (default: every core)")
+    parser.add_argument("--output", default="scripts/benchmarks/results/kernels_cpu")
+    args = parser.parse_args(argv)
+    torch.set_num_threads(args.threads or cores())
+    shapes = dict(tokens=args.tokens, vocab_size=args.vocab_size, d_model=args.d_model, dropout=args.dropout,
+                  label_smoothing=args.label_smoothing)
+    results = {"command": command_line("kernels", argv), "environment": environment(), "shapes": shapes,
+               "rows": compare_kernels(**shapes, repeats=args.repeats), "load_average_at_end": load_average()}
+    env = results["environment"]
+    loads = (env["load_average_at_start"], results["load_average_at_end"])
+    lines = [f"# Loss and dropout kernels: ours against torch's ({env['cpu']}, {env['torch_threads']} threads)", "",
+             f"`{results['command']}`: {args.tokens:,} tokens, vocabulary {args.vocab_size:,}, d_model {args.d_model}, "
+             f"dropout {args.dropout:g}, label smoothing {args.label_smoothing:g}; medians of {args.repeats} "
+             "interleaved repeats; load average (1/5/15 min) at the start and the end: "
+             + ", ".join("/".join(f"{v:.1f}" for v in load or []) for load in loads) + ".",
+             "", *kernel_table(results["rows"]), ""]
+    write_report(args.output, results, "\n".join(lines))
+    print("\n".join(lines))
+    return results
+
+
+if __name__ == "__main__":
+    main()
