@@ -1,28 +1,15 @@
 """The benchmark's promises: it compares like with like, and its reports are written. No timing is asserted."""
 
-import functools
 import json
 import re
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
 import torch
-from torch.overrides import TorchFunctionMode
 from torch.utils.flop_counter import FlopCounterMode
-from transformers.cache_utils import EncoderDecoderCache
 
-from scripts.benchmarks.floors import (
-    AttentionFloor,
-    ProjectionFloor,
-    TrainingFloor,
-    decoding_flops,
-    generation_split,
-    token_counts,
-    training_flops,
-)
 from scripts.benchmarks import benchmark
 from scripts.benchmarks.peers import run_benchmark, verdicts
 from scripts.benchmarks.report import write_results
@@ -34,7 +21,9 @@ from scripts.benchmarks.workloads import (
     max_positions,
     parameter_counts,
     source_batch,
+    token_counts,
     training_batch,
+    training_flops,
 )
 
 
@@ -93,125 +82,6 @@ def test_training_flops_agree_with_torchs_flop_counter(spec, models):
         assert training_flops(config, *shape, False) == counter.get_total_flops(), name
         assert training_flops(config, *shape, True) > counter.get_total_flops()
     assert training_flops(config, *shape, True, *token_counts(batch)) < training_flops(config, *shape)
-    # The training floor runs exactly the step's matmuls, and updates copies of the weights, not the model's.
-    ours = models["ours"]
-    before = {name: p.detach().clone() for name, p in ours.named_parameters()}
-    floor = TrainingFloor(ours, batch)
-    with FlopCounterMode(display=False) as counter:
-        floor()
-    assert counter.get_total_flops() == training_flops(ours.config, *shape, False, *token_counts(batch))
-    assert sum(p.numel() for group in floor.optimizer.param_groups for p in group["params"]) == 297_472
-    assert all(torch.equal(p, before[name]) for name, p in ours.named_parameters())
-
-
-@pytest.mark.parametrize("num_beams", [1, 4])
-def test_decoding_flops_agree_with_torchs_flop_counter(spec, models, num_beams):
-    ours = models["ours"]
-    source = source_batch(spec, ours.config, batch=3)
-    shape = (ours.config, 3, source["input_ids"].shape[1], 5, num_beams)
-    source_tokens = source["input_ids"].numel()  # padding included, as both models compute it
-    textbook = TextbookDecoder(ours)
-    runs = {
-        True: lambda: generate_fixed_length(ours, **source, new_tokens=5, num_beams=num_beams),
-        False: lambda: textbook.decode(**source, new_tokens=5, num_beams=num_beams),
-    }
-    for cached, run in runs.items():
-        with FlopCounterMode(display=False) as counter:
-            run()
-        expected = decoding_flops(*shape, cached=cached, attention=False, source_tokens=source_tokens)
-        assert expected == counter.get_total_flops(), cached
-    # The projection floor runs exactly the cached decoding's matmuls.
-    with FlopCounterMode(display=False) as counter:
-        ProjectionFloor(ours, 3, source["input_ids"].shape[1], 5, num_beams, source_tokens)()
-    assert counter.get_total_flops() == decoding_flops(*shape, attention=False, source_tokens=source_tokens)
-    assert decoding_flops(*shape, cached=False) > decoding_flops(*shape) > decoding_flops(*shape, source_tokens=1)
-    assert (source["attention_mask"] == 0).any()  # the padding was there to be computed
-
-
-@pytest.mark.parametrize("num_beams", [1, 4])
-def test_attention_floor_replays_exactly_the_attention_of_a_decoding_run(spec, models, num_beams):
-    ours, new_tokens = models["ours"], 5
-    config = ours.config
-    reorder = EncoderDecoderCache.reorder_cache
-    source = source_batch(spec, config, batch=3)
-    expected = generate_fixed_length(ours, **source, new_tokens=new_tokens, num_beams=num_beams)
-    outputs = []
-    floor = AttentionFloor(ours, lambda: outputs.append(generate_fixed_length(ours, **source, new_tokens=new_tokens,
-                                                                             num_beams=num_beams)))
-    assert torch.equal(outputs[0], expected)
-    # Recording left nothing behind: SDPA is torch's again, and so is the caches' reordering.
-    assert torch.nn.functional.scaled_dot_product_attention is torch._C._nn.scaled_dot_product_attention
-    assert EncoderDecoderCache.reorder_cache is reorder
-
-    source_length, rows, heads = source["input_ids"].shape[1], 3 * num_beams, config.decoder_attention_heads
-    head_dim = config.d_model // heads
-    encoder = [((3, heads, source_length, head_dim),) * 3] * config.encoder_layers
-    steps = [[((rows, heads, 1, head_dim), (rows, heads, t, head_dim), (rows, heads, t, head_dim)),  # self
-              ((rows, heads, 1, head_dim), (rows, heads, source_length, head_dim),  # cross: a source copy per beam
-               (rows, heads, source_length, head_dim))] * config.decoder_layers for t in range(1, new_tokens + 1)]
-    assert [tuple(map(tuple, call[:3])) for call in floor.calls] == encoder + [c for step in steps for c in step]
-    # Source padding stays masked in the encoder and in cross-attention.
-    assert (source["attention_mask"] == 0).any()
-    cross = floor.calls[config.encoder_layers + 1::2]
-    assert all(call[3] is not None for call in floor.calls[:config.encoder_layers] + cross)
-    # Beam search reorders every layer's self- and cross-attention cache after each step.
-    reorders = [[(rows, heads, t, head_dim)] * config.decoder_layers
-                + [(rows, heads, source_length, head_dim)] * config.decoder_layers for t in range(1, new_tokens + 1)]
-    assert [list(map(tuple, r)) for r in floor.reorders] == (reorders if num_beams > 1 else [])
-
-    class Counting(TorchFunctionMode):
-        def __torch_function__(self, func, types, args=(), kwargs=None):
-            replayed[func.__name__] = replayed.get(func.__name__, 0) + 1
-            return func(*args, **(kwargs or {}))
-
-    replayed = {}
-    with Counting():
-        floor()
-    assert replayed["scaled_dot_product_attention"] == len(floor.calls)
-    assert len(floor.calls) == config.encoder_layers + 2 * config.decoder_layers * new_tokens
-    # Keys and values of every layer, at every reordering.
-    assert replayed.get("index_select", 0) == 2 * sum(len(r) for r in reorders) * (num_beams > 1)
-
-
-def _delayed(forward, seconds: float):
-    """`forward`, `seconds` slower: to be set on an instance, as accelerate's device_map hooks wrap forward."""
-    @functools.wraps(forward)  # generate() inspects forward's signature
-    def slow(*args, **kwargs):
-        time.sleep(seconds)
-        return forward(*args, **kwargs)
-
-    return slow
-
-
-def test_generation_split_times_the_model_inside_generate_and_leaves_it_untouched(spec, models):
-    ours = models["ours"]
-    encoder = ours.get_encoder()
-    source = source_batch(spec, ours.config, batch=2)
-    expected = generate_fixed_length(ours, **source, new_tokens=5, num_beams=4)
-    outputs = []
-    generation_split(ours, lambda: outputs.append(generate_fixed_length(ours, **source, new_tokens=5, num_beams=4)),
-                     repeats=2)
-    assert len(outputs) == 2 and all(torch.equal(out, expected) for out in outputs)
-    # The timing wrappers are gone: forward is the class's again, for the model and its encoder.
-    assert "forward" not in vars(ours) and "forward" not in vars(encoder)
-
-    # Known delays: 200 ms in the encoder and 10 ms in each of the 5 decoding steps, both in forwards already wrapped
-    # on the instance, and 100 ms in the run outside the model.
-    hooks = (_delayed(encoder.forward, 0.2), _delayed(ours.forward, 0.01))
-    encoder.forward, ours.forward = hooks
-
-    def run():
-        time.sleep(0.1)
-        generate_fixed_length(ours, **source, new_tokens=5, num_beams=4)
-
-    try:
-        split = generation_split(ours, run, repeats=2)
-        assert (vars(encoder)["forward"], vars(ours)["forward"]) == hooks  # the hooks are put back
-    finally:
-        del encoder.forward, ours.forward
-    assert split["model_s"] >= 0.2 + 5 * 0.01  # every forward generate() calls is the model's time, the encoder's too
-    assert split["loop_s"] >= 0.1 and split["model_s"] <= split["total_s"] - 0.1  # what runs outside them is not
-    assert split["model_s"] + split["loop_s"] == pytest.approx(split["total_s"], rel=1e-9)  # the two make the whole
 
 
 def test_quick_benchmark_compares_like_with_like_and_writes_reports(spec, tmp_path):
@@ -220,50 +90,32 @@ def test_quick_benchmark_compares_like_with_like_and_writes_reports(spec, tmp_pa
     expected = [spec.generation_batch_size, spec.new_tokens + 1]
     assert shapes == {f"{system}/{workload}": expected for workload in ("greedy", "beam")
                       for system in ("ours", "marian", "textbook")}
-    assert results["checks"]["textbook_greedy_equals_ours"]
+    assert results["checks"]["textbook_greedy_equals_ours"] and results["checks"]["textbook_beam_equals_ours"]
     assert results["environment"]["torch_threads"] == spec.threads == 1
     for workload in ("train", "greedy", "beam"):
         assert set(results[workload]["systems"]) >= {"ours", "marian"}
         assert all(len(s["times_s"]) == spec.repeats for s in results[workload]["systems"].values())
-    assert [p["new_tokens"] for p in results["beam_curve"]["points"]] == list(spec.curve_lengths)
     train = results["train"]
     assert set(train["systems"]) == {"ours", "marian"}
-    assert len(train["floor"]["times_s"]) == spec.repeats
     for system in train["systems"].values():  # every derived figure follows from the measured medians
         assert system["mfu"] == pytest.approx(train["flops_per_step"] / system["median_s"]
                                               / results["matmul_peak"]["flops"])
         assert system["throughput"] == pytest.approx(train["target_tokens"] / system["median_s"])
-    assert train["ceiling_vs_marian"] == pytest.approx(train["systems"]["marian"]["median_s"] / train["floor"]["median_s"])
     compiled = results["train_compiled"]  # eager and torch.compile'd steps, interleaved; compilation timed apart
     c = {name: system["median_s"] for name, system in compiled["systems"].items()}
-    assert set(c) == {"ours_eager", "ours_compiled", "marian_eager", "marian_compiled"}
-    assert compiled["backend"] == "aot_eager" and set(compiled["compile_s"]) == {"ours", "marian"}
+    assert set(c) == {"ours_eager", "ours_compiled", "marian_eager", "marian_compiled"} and not compiled["errors"]
+    assert compiled["backend"] == "aot_eager" and all(s["loss_finite"] for s in compiled["systems"].values())
     assert compiled["compiled_speed_vs_marian_compiled"] == pytest.approx(c["marian_compiled"] / c["ours_compiled"])
     assert compiled["compiled_speed_vs_eager"] == pytest.approx({n: c[f"{n}_eager"] / c[f"{n}_compiled"]
                                                                  for n in ("ours", "marian")})
-    assert results["verdicts"]["train_speed_vs_marian"]["ceiling"] == train["ceiling_vs_marian"]
-    for workload in ("greedy", "beam"):  # the floors are timed with the systems, and bound what they can gain
-        w = results[workload]
-        assert len(w["projection_floor"]["times_s"]) == len(w["attention_floor"]["times_s"]) == spec.repeats
-        marian, floor = w["systems"]["marian"]["median_s"], w["projection_floor"]["median_s"]
-        assert w["ceiling_vs_marian"] == pytest.approx(marian / floor)
-        # generate()'s own loop tightens the ceiling
-        assert set(w["generation_split"]) == {"ours", "marian"}
-        loop = min(split["loop_s"] for split in w["generation_split"].values())
-        assert w["ceiling_through_generate"] == pytest.approx(
-            marian / (floor + w["attention_floor"]["median_s"] + loop))
-        assert w["ceiling_through_generate"] < w["ceiling_vs_marian"]
-        assert results["verdicts"][f"{workload}_speed_vs_marian"]["ceiling"] == w["ceiling_through_generate"]
-    for p in results["beam_curve"]["points"]:
-        assert p["speedup"] == pytest.approx(p["textbook_s"] / p["ours_s"]) and p["flop_ratio"] > 1
-        assert p["ceiling_through_generate"] == pytest.approx(
-            p["textbook_s"] / (p["projection_floor_s"] + p["attention_floor_s"] + p["generate_loop_s"]))
     for workload in ("train", "greedy", "beam"):
         times = results[workload]["systems"]
         paired = results["paired_ratios"][f"{workload}_speed_vs_marian"]
         assert paired["median"] == times["marian"]["times_s"][0] / times["ours"]["times_s"][0]  # one repeat
-    assert {name for name, v in results["verdicts"].items() if v["ceiling"] is not None} == {
-        name for name in results["ratios"] if "speed_vs_marian" in name or "textbook_at" in name}
+        assert results["ratios"][f"{workload}_speed_vs_marian"] == pytest.approx(
+            times["marian"]["median_s"] / times["ours"]["median_s"])
+    assert results["ratios"]["beam_speed_vs_textbook"] == pytest.approx(
+        results["beam"]["systems"]["textbook"]["median_s"] / results["beam"]["systems"]["ours"]["median_s"])
     assert results["verdicts"].keys() == results["ratios"].keys()
     memory = results["memory_mib"]
     assert set(memory) == {"ours", "marian", "textbook"}
@@ -275,9 +127,8 @@ def test_quick_benchmark_compares_like_with_like_and_writes_reports(spec, tmp_pa
     assert saved["ratios"].keys() == results["ratios"].keys()
     markdown = paths["md"].read_text()
     assert "| workload | ours | Marian | textbook | ours/Marian | ours/textbook |" in markdown
-    assert "Beam-4 speedup over the textbook decoder" in markdown
     assert "| training step, compiled (torch.compile, aot_eager;" in markdown
-    assert "| ratio | measured | ceiling on this machine | ours is |" in markdown
+    assert "| ratio | measured | ours is |" in markdown
 
     # --render rewrites the reports of a saved run without measuring anything.
     paths["md"].unlink()
@@ -299,7 +150,7 @@ def test_ours_is_called_faster_or_slower_only_where_every_estimate_agrees():
         paired = {"median": 1.0, "q1": 0.95, "q3": 1.05}
         return {
             "ratios": {"train_speed_vs_marian": 1.1, "train_memory_vs_marian": 0.995, "greedy_speed_vs_marian": 1.6,
-                       "beam_speed_vs_marian": 0.8, "beam_speed_vs_textbook_at_30": 4.0,
+                       "beam_speed_vs_marian": 0.8, "beam_speed_vs_textbook": 4.0,
                        "greedy_memory_vs_marian": 0.5},
             "ratios_from_fastest_repeats": {"train_speed_vs_marian": 0.9, "greedy_speed_vs_marian": 1.7,
                                             "beam_speed_vs_marian": 0.85},
@@ -307,20 +158,15 @@ def test_ours_is_called_faster_or_slower_only_where_every_estimate_agrees():
                               "beam_speed_vs_marian": {"median": 0.8, "q1": 0.75, "q3": 0.9},
                               "greedy_speed_vs_marian": {"median": 1.6, "q1": greedy_q1, "q3": 1.7}},
             "memory_mib": {"ours": {"train": 100.0, "greedy": 10.0}, "marian": {"train": 100.5, "greedy": 20.0}},
-            "train": {"ceiling_vs_marian": 2.0},
-            "greedy": {"ceiling_through_generate": 2.0}, "beam": {"ceiling_through_generate": 2.0},
-            "beam_curve": {"points": [{"new_tokens": 30, "ceiling_through_generate": 8.0}]},
         }
 
     said = {name: v["verdict"] for name, v in verdicts(results(greedy_q1=1.55)).items()}
     assert said["train_speed_vs_marian"] == "level"  # median 1.1, fastest repeats 0.9: the noise could do it
     assert said["greedy_speed_vs_marian"] == "faster"  # 1.6, 1.7 and quartiles 1.55-1.7: all above 1
     assert said["beam_speed_vs_marian"] == "slower"  # 0.8, 0.85 and quartiles 0.75-0.9: all below 1
-    assert said["beam_speed_vs_textbook_at_30"] == "faster"  # no paired ratio: the median alone
+    assert said["beam_speed_vs_textbook"] == "faster"  # no paired ratio: the median alone
     assert said["train_memory_vs_marian"] == "level" and said["greedy_memory_vs_marian"] == "smaller"  # 1 MiB tie
     assert verdicts(results(greedy_q1=0.98))["greedy_speed_vs_marian"]["verdict"] == "level"
-    checked = verdicts(results(greedy_q1=1.55))
-    assert checked["beam_speed_vs_textbook_at_30"]["ceiling"] == 8.0 and checked["train_speed_vs_marian"]["ceiling"] == 2.0
 
 
 # The quality-parity baseline (quality_parity.py) rests on two promises, checked here cheaply.

@@ -17,7 +17,7 @@ os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
 from vanilla_transformer.configuration_vanilla_transformer import PRESETS  # noqa: E402
 
-from .peers import run_benchmark, verdicts  # noqa: E402
+from .peers import ratios, run_benchmark, verdicts  # noqa: E402
 from .report import render_markdown, write_results  # noqa: E402
 from .workloads import BenchmarkSpec  # noqa: E402
 
@@ -27,17 +27,17 @@ def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--preset", choices=sorted(PRESETS), default=None, help="model size (default: small)")
     for name in ("vocab_size", "batch_size", "source_length", "target_length", "generation_batch_size", "new_tokens",
-                 "num_beams", "curve_batch_size", "repeats", "threads"):  # what each means: BenchmarkSpec
+                 "num_beams", "repeats", "threads"):  # what each means: BenchmarkSpec
         parser.add_argument(f"--{name}", type=int, help=f"BenchmarkSpec.{name} (default {getattr(defaults, name)})")
-    parser.add_argument("--curve_lengths", type=int, nargs="+", help="output lengths of the beam-vs-textbook curve")
     parser.add_argument("--no_memory", action="store_true", help="skip the peak-memory subprocesses")
     parser.add_argument("--quick", action="store_true", help="tiny model and shapes, one repeat")
     parser.add_argument("--output_dir", type=Path, default=Path("scripts/benchmarks/results"))
     parser.add_argument("--render", type=Path, metavar="RESULTS_JSON",
-                        help="rewrite the markdown of a saved run beside it (verdicts recomputed)")
+                        help="rewrite the markdown of a saved run beside it (ratios and verdicts recomputed)")
     args = parser.parse_args(argv)
     if args.render:
         results = json.loads(args.render.read_text())
+        results.update(ratios=ratios(results), ratios_from_fastest_repeats=ratios(results, "min_s"))
         results["verdicts"] = verdicts(results)
         paths = write_results(results, args.render.parent)
         print("wrote " + ", ".join(str(p) for p in paths.values()))

@@ -9,14 +9,14 @@ activation dropout (`--compare_activation_dropout`) and under torch.compile (`--
 
 import argparse
 import dataclasses
-import statistics
 
 import torch
 
 from vanilla_transformer.training.precision import native_bf16
 
-from .toolkit import command_line, environment, markdown_table, matmul_peak, time_interleaved, write_report
-from .workloads import BenchmarkSpec, build_models, first_steps, training_batch, training_steps
+from .peers import time_steps
+from .toolkit import command_line, environment, markdown_table, matmul_peak, write_report
+from .workloads import BenchmarkSpec, build_models, token_counts, training_batch, training_steps
 
 
 def parse_args(argv):
@@ -43,8 +43,8 @@ def main(argv=None) -> dict:
     dropouts = dict(dropout=args.dropout, attention_dropout=args.attention_dropout,
                     activation_dropout=args.activation_dropout)
     spec = BenchmarkSpec(preset=args.preset, vocab_size=args.vocab_size, batch_size=args.batch_size,
-                         source_length=args.length, target_length=args.length, repeats=args.repeats, memory=False,
-                         config_overrides=dropouts)
+                         source_length=args.length, target_length=args.length, repeats=args.repeats, warmup=0,
+                         memory=False, config_overrides=dropouts)
     torch.set_num_threads(spec.threads)
     models = build_models(spec)
     batch = training_batch(spec, models["ours"].config)
@@ -58,10 +58,11 @@ def main(argv=None) -> dict:
         compiled = training_steps(build_models(spec), batch, "inductor")
         steps.update({f"{name.removesuffix('_compiled')} fp32, torch.compile": compiled[name] for name in compiled
                       if name.endswith("_compiled")})
-    first_steps(steps)  # warm-up, and the compilation kept out of the timed steps
-    target_tokens = int((batch["labels"] != -100).sum())
-    rows = {name: {"step_s": statistics.median(t), "target_tokens_per_s": target_tokens / statistics.median(t)}
-            for name, t in time_interleaved(steps, spec.repeats, warmup=0).items()}
+    timed, target_tokens = time_steps(steps, batch, spec), token_counts(batch)[1]  # compiling in the first steps
+    if timed["errors"]:
+        raise RuntimeError(f"training steps failed: {timed['errors']}")
+    rows = {name: {"step_s": t["median_s"], "target_tokens_per_s": t["throughput"]}
+            for name, t in timed["systems"].items()}
     flops = {name: matmul_peak(args.matmul_size, 3, dtype=dtype)["median_flops"]
              for name, dtype in (("fp32", torch.float32), ("bf16", torch.bfloat16))}
     matmul = {"size": args.matmul_size, **{f"{name}_ms": 2e3 * args.matmul_size**3 / f for name, f in flops.items()}}
@@ -73,8 +74,7 @@ def main(argv=None) -> dict:
              f"pairs of {args.length} tokens a side ({target_tokens:,} target tokens a step), median of "
              f"{spec.repeats} interleaved steps, dropout {args.dropout:g}, attention dropout "
              f"{args.attention_dropout:g}, activation dropout {args.activation_dropout:g} unless a row says otherwise. "
-             "Native bf16 matrix "
-             f"multiply: {'yes' if results['native_bf16'] else 'no'}.", "",
+             f"Native bf16 matrix multiply: {'yes' if results['native_bf16'] else 'no'}.", "",
              *markdown_table(["system", "step", "target tokens / s", "vs ours fp32"],
                              [[name, f"{row['step_s'] * 1e3:,.0f} ms", f"{row['target_tokens_per_s']:,.0f}",
                                f"{rows['ours fp32']['step_s'] / row['step_s']:.2f}x"] for name, row in rows.items()]),

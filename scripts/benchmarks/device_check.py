@@ -1,32 +1,19 @@
-"""The GPU acceptance check (run it through scripts/device_check.sh): on a CUDA machine, in a few minutes and
-installing nothing, each section calling the measurement toolkit:
-
-1. attention agreement: logits of eager, SDPA and (when installed) flash-attention against fp32 eager on a padded
-   batch, plus SDPA forced onto each of its kernels on an unpadded batch (bf16);
-2. the bf16 training step at the paper's batch (§5.1: about 25,000 source and 25,000 target tokens; here ~1,040
-   rows of 32 positions a side, lengths uniform in [16, 32] as in Multi30k, padded to 32) of the base and big
-   models, trained as Trainer --bf16 trains (autocast over fp32 weights, fused Adam, dropout on, SDPA): ours and
-   MarianMTModel, each eager and under torch.compile (`workloads.training_steps`), interleaved: step time, tokens/s,
-   MFU against the bf16 matmul peak of the same card, peak memory, compile seconds, and the top kernels of ours
-   compiled. `scripts/recipes/wmt14_en_de.py --cost_table` projects the paper's runs from it;
-3. our loss and dropout kernels against torch's at the paper batch's shapes (`kernels.compare_kernels`), which
-   says which the model should keep on a GPU;
-4. `make bench`'s run on this device (`peers.run_benchmark`, fp32): ours against Marian and the textbook decoder,
-   with its floors, ceilings and report;
-5. a short bf16 run of scripts/train.py on the built-in task, whose loss must fall.
-
-It writes device_check.json and device_check.md to $OUT if set, else device_check_out/ (or --out), after every
-section, so that a run stopped by the wrapper's time limit keeps what it measured. Without CUDA it says so and exits
-0. `--cpu_smoke` runs the same code on the CPU with tiny sizes (compiling with aot_eager), for the tests; its
-numbers mean nothing.
+"""The GPU acceptance check, run through scripts/device_check.sh (whose header lists the sections), each section a
+call into the measurement toolkit. The paper-batch section trains at §5.1's batch (about 25,000 source and 25,000
+target tokens: ~1,040 rows of 32 positions a side, lengths uniform in [16, 32] as in Multi30k, padded to 32) as
+Trainer --bf16 trains (autocast over fp32 weights, fused Adam, dropout on, SDPA); `scripts/recipes/wmt14_en_de.py
+--cost_table` projects the paper's runs from it. The report (device_check.json and .md in $OUT, else --out, else
+device_check_out/) is rewritten after every section, so a run stopped by the wrapper's time limit keeps what it
+measured. `--cpu_smoke` runs the same code on the CPU with tiny sizes, for the tests; its numbers mean nothing.
 """
 
 import argparse
 import contextlib
+import dataclasses
 import gc
 import json
-import math
 import os
+import re
 import subprocess
 import sys
 import tempfile
@@ -39,15 +26,12 @@ import torch.nn.functional as F
 
 from vanilla_transformer.training import paper_adam
 
-from . import floors, kernels, peers, report, toolkit, workloads
+from . import kernels, peers, report, toolkit, workloads
 from .toolkit import markdown_table
 
 REPO = Path(__file__).resolve().parents[2]
-GIB = 2**30
-# Speed-ups of the paper-batch step: the second system's time over the first's.
-RATIOS = {"compiled_speed_vs_marian_compiled": ("ours_compiled", "marian_compiled"),
-          "compiled_speed_vs_eager": ("ours_compiled", "ours_eager"),
-          "eager_speed_vs_marian_eager": ("ours_eager", "marian_eager")}
+# The paper-batch step's speed-ups (`peers.compiled_training`'s), > 1: ours (compiled, or eager) faster.
+RATIOS = ("compiled_speed_vs_marian_compiled", "compiled_speed_vs_eager", "eager_speed_vs_marian_eager")
 
 GPU_SETTINGS = dict(
     attention=dict(preset="base", vocab_size=37000), matmul_size=8192, matmul_repeats=10,
@@ -59,8 +43,7 @@ GPU_SETTINGS = dict(
     kernels=dict(tokens=25000, vocab_size=37000, d_model=512, dropout=0.1, label_smoothing=0.1, repeats=10),
     # BenchmarkSpec fields; the benchmark's compiled training step is left to the paper-batch section.
     benchmark=dict(preset="base", vocab_size=37000, batch_size=64, source_length=32, target_length=32,
-                   generation_batch_size=64, new_tokens=30, curve_lengths=(10, 30, 100), repeats=3,
-                   matmul_size=8192, compile_backend=None),
+                   generation_batch_size=64, new_tokens=30, repeats=3, matmul_size=8192, compile_backend=None),
     run=dict(preset="small", vocab_size=4000, max_steps=150, batch=128, warmup=100, train_samples=20000,
              eval_samples=100, logging_steps=10, timeout_s=300, workers=2),
 )
@@ -70,8 +53,7 @@ CPU_SMOKE_SETTINGS = dict(
                compile_backend="aot_eager", start_by_s=300),
     kernels=dict(tokens=64, vocab_size=1000, d_model=64, dropout=0.1, label_smoothing=0.1, repeats=1),
     benchmark=dict(preset="tiny", vocab_size=1000, batch_size=4, source_length=8, target_length=8,
-                   generation_batch_size=2, new_tokens=4, curve_lengths=(2,), repeats=1, warmup=0, matmul_size=128,
-                   compile_backend=None),
+                   generation_batch_size=2, new_tokens=4, repeats=1, warmup=0, matmul_size=128, compile_backend=None),
     run=dict(preset="tiny", vocab_size=300, max_steps=20, batch=16, warmup=8, train_samples=320,
              eval_samples=4, logging_steps=2, timeout_s=150, workers=0),
 )
@@ -84,27 +66,18 @@ def spec_on(device, **fields) -> workloads.BenchmarkSpec:
 
 
 def flash_implementations() -> list[str]:
-    from transformers.utils import import_utils
+    from transformers.utils import is_flash_attn_2_available, is_flash_attn_3_available
 
-    found = []
-    for name in ("flash_attention_2", "flash_attention_3"):
-        probe = getattr(import_utils, f"is_{name.replace('attention', 'attn')}_available", None)
-        try:
-            if probe is not None and probe():
-                found.append(name)
-        except Exception:  # noqa: BLE001 - a broken install counts as absent
-            pass
-    return found
+    return [name for name, available in (("flash_attention_2", is_flash_attn_2_available),
+                                         ("flash_attention_3", is_flash_attn_3_available)) if available()]
 
 
 # Sections ------------------------------------------------------------------------------------------------
 
 def environment(device) -> dict:
     import accelerate
-    import transformers
 
-    return {**toolkit.environment(device), "device": str(device), "accelerate": accelerate.__version__,
-            "transformers_path": str(Path(transformers.__file__).parent),
+    return {**toolkit.environment(device), "accelerate": accelerate.__version__,
             "flash_attention_packages": flash_implementations()}
 
 
@@ -115,40 +88,39 @@ def matmul_peak(device, size, repeats) -> dict:
 
 
 def attention_agreement(device, s) -> dict:
-    """Max |logits - fp32 eager logits| for each implementation and dtype; the scale is max |fp32 logits|."""
+    """Max |logits - fp32 eager logits| of eager, SDPA and (when installed) flash-attention in fp32 and bf16 on a
+    padded batch, and of SDPA forced onto each of its kernels on an unpadded one (bf16); the scale is max |fp32
+    logits|."""
     spec = spec_on(device, **s["attention"], batch_size=8, source_length=32, target_length=24,
                    config_overrides={"dropout": 0.0})
     config = workloads.model_config(spec)
-    padded = workloads.training_batch(spec, config, seed=1)
     generator = torch.Generator().manual_seed(2)
     ids, labels = (torch.randint(4, config.vocab_size, (8, n), generator=generator).to(device) for n in (32, 24))
-    full = {"input_ids": ids, "attention_mask": torch.ones_like(ids), "labels": labels}
-    reference = workloads.build_model(spec, attn_implementation="eager").eval()
-    with torch.no_grad():
-        references = {"padded": reference(**padded).logits.float(), "unpadded": reference(**full).logits.float()}
+    batches = {"padded": workloads.training_batch(spec, config, seed=1),
+               "unpadded": {"input_ids": ids, "attention_mask": torch.ones_like(ids), "labels": labels}}
 
-    def gap(kind, impl, dtype, backend=None):
+    def logits(kind, impl="eager", dtype=torch.float32, backend=None):
         model = workloads.build_model(spec, attn_implementation="eager").eval().to(dtype)
+        model.set_attn_implementation(impl)
+        with torch.no_grad(), torch.nn.attention.sdpa_kernel(backend) if backend else contextlib.nullcontext():
+            return model(**batches[kind]).logits.float()
+
+    references = {kind: logits(kind) for kind in batches}
+
+    def gap(kind, *how):
         try:
-            model.set_attn_implementation(impl)
-            with torch.no_grad(), torch.nn.attention.sdpa_kernel(backend) if backend else contextlib.nullcontext():
-                logits = model(**(padded if kind == "padded" else full)).logits.float()
-            return (logits - references[kind]).abs().max().item()
+            return (logits(kind, *how) - references[kind]).abs().max().item()
         except Exception as error:  # noqa: BLE001 - recorded, not fatal
             return f"error: {type(error).__name__}: {error}"[:300]
 
-    out = {"preset": spec.preset, "logit_scale": references["padded"].abs().max().item(), "padded": {},
-           "unpadded": {}}
-    for impl in ["eager", "sdpa", *flash_implementations()]:
-        for name, dtype in {"fp32": torch.float32, "bf16": torch.bfloat16}.items():
-            if not (impl.startswith("flash") and dtype == torch.float32):  # flash kernels take fp16/bf16 only
-                out["padded"][f"{impl}/{name}"] = gap("padded", impl, dtype)
-    if device.type == "cuda":
-        from torch.nn.attention import SDPBackend
-
-        for name, backend in (("flash kernel", SDPBackend.FLASH_ATTENTION),
-                              ("efficient kernel", SDPBackend.EFFICIENT_ATTENTION), ("math", SDPBackend.MATH)):
-            out["unpadded"][f"sdpa[{name}]/bf16"] = gap("unpadded", "sdpa", torch.bfloat16, backend)
+    dtypes = {"fp32": torch.float32, "bf16": torch.bfloat16}
+    out = {"preset": spec.preset, "logit_scale": references["padded"].abs().max().item(), "padded": {
+        f"{impl}/{name}": gap("padded", impl, dtype) for impl in ["eager", "sdpa", *flash_implementations()]
+        for name, dtype in dtypes.items() if not (impl.startswith("flash") and name == "fp32")}}  # no fp32 flash
+    backends = ("FLASH_ATTENTION", "EFFICIENT_ATTENTION", "MATH") if device.type == "cuda" else ()
+    out["unpadded"] = {f"sdpa[{name.lower()}]/bf16": gap("unpadded", "sdpa", torch.bfloat16,
+                                                         getattr(torch.nn.attention.SDPBackend, name))
+                       for name in backends}
     out["unpadded"]["eager/bf16"] = gap("unpadded", "eager", torch.bfloat16)
     return out
 
@@ -166,7 +138,7 @@ def step_peak_gib(step, device) -> float | None:
     others = torch.cuda.memory_allocated(device) - sum(t.numel() * t.element_size() for t in own)
     step()
     torch.cuda.synchronize(device)
-    return (torch.cuda.max_memory_allocated(device) - others) / GIB
+    return (torch.cuda.max_memory_allocated(device) - others) / 2**30
 
 
 def top_kernels(step, device, rows: int = 10) -> dict:
@@ -187,36 +159,31 @@ def top_kernels(step, device, rows: int = 10) -> dict:
          "calls": e.count} for e in events[:rows]]}
 
 
-def paper_batch_preset(device, preset, p, batch, peak_tflops, errors) -> dict:
-    """One preset of `paper_batch_training`; a system whose first step (its compilation) fails is recorded in
-    `errors` and left out."""
-    spec = spec_on(device, preset=preset, vocab_size=p["vocab_size"], batch_size=batch["input_ids"].shape[0],
-                   source_length=p["width"], target_length=p["width"])
-    models = workloads.build_models(spec)
+def paper_batch_preset(spec, batch, peak_tflops, errors) -> dict:
+    """One preset of `paper_batch_training`: `peers.compiled_training` with the paper's optimizer under bf16
+    autocast, and per system its MFU and peak memory. A system whose first step (its compilation) fails is
+    recorded in `errors` and left out."""
+    device, models = torch.device(spec.device), workloads.build_models(spec)
     # Trainer's default optimizer on a GPU (adamw_torch_fused) with the paper's betas and epsilon (§5.3).
-    steps = workloads.training_steps(models, batch, p["compile_backend"] or "inductor", autocast=torch.bfloat16,
+    steps = workloads.training_steps(models, batch, spec.compile_backend, autocast=torch.bfloat16,
                                      optimizer=lambda params: paper_adam(params, lr=1e-4, fused=device.type == "cuda"))
-    losses = {name: [] for name in steps}
-    recorded = {name: (lambda n=name, step=step: losses[n].append(step())) for name, step in steps.items()}
-    compile_s, failed = workloads.first_steps(recorded, device)
-    errors.update({f"{preset}/{name}": error for name, error in failed.items()})
-    ms = toolkit.median_ms({name: recorded[name] for name in compile_s}, p["timed_steps"], p["warmup_steps"], device)
-    tokens = sum(floors.token_counts(batch))
-    # Model FLOPs of the batch's tokens, the same for every system (Marian computes the padding too).
-    flops = floors.training_flops(models["ours"].config, spec.batch_size, p["width"], p["width"], True,
-                                  *floors.token_counts(batch))
+    timed = peers.compiled_training(steps, batch, spec)
+    errors.update({f"{spec.preset}/{name}": error for name, error in timed["errors"].items()})
+    tokens = workloads.token_counts(batch)
+    flops = workloads.training_flops(models["ours"].config, *batch["input_ids"].shape, batch["labels"].shape[1],
+                                     True, *tokens)
     result = {"parameters": workloads.parameter_counts(models["ours"])["trainable"], "systems": {},
-              "dropout": models["ours"].config.dropout, "model_tflop_per_step": flops / 1e12}
-    for name, step_ms in ms.items():
-        tflops = flops / step_ms * 1e3 / 1e12
-        result["systems"][name] = {"step_ms": step_ms, "tokens_per_s": tokens / step_ms * 1e3, "model_tflops": tflops,
-                                   "mfu": tflops / peak_tflops if peak_tflops else None,
-                                   "peak_memory_gib": step_peak_gib(steps[name], device),
-                                   "compile_s": compile_s[name], "loss_finite": all(map(math.isfinite, losses[name]))}
-    if "ours_compiled" in ms:
+              "dropout": models["ours"].config.dropout, "model_tflop_per_step": flops / 1e12,
+              **{key: timed[key] for key in RATIOS}}
+    for name, system in timed["systems"].items():
+        tflops = flops / system["median_s"] / 1e12
+        result["systems"][name] = {
+            "step_ms": system["median_s"] * 1e3, "tokens_per_s": sum(tokens) / system["median_s"],
+            "model_tflops": tflops, "mfu": tflops / peak_tflops if peak_tflops else None,
+            "peak_memory_gib": step_peak_gib(steps[name], device), "compile_s": system["compile_s"],
+            "loss_finite": system["loss_finite"]}
+    if "ours_compiled" in result["systems"]:
         result["profile_ours_compiled"] = top_kernels(steps["ours_compiled"], device)
-    for key, (system, other) in RATIOS.items():
-        result[key] = ms[other] / ms[system] if other in ms and system in ms else None  # > 1: `system` faster
     return result
 
 
@@ -228,16 +195,16 @@ def paper_batch_training(device, s, peak_tflops, start_by) -> dict:
     # Real lengths average 3/4 of the width, so this many rows hold about `tokens` real tokens a side.
     rows = round(p["tokens"] / (0.75 * p["width"]))
     spec = spec_on(device, preset=p["presets"][0], vocab_size=p["vocab_size"], batch_size=rows,
-                   source_length=p["width"], target_length=p["width"])
+                   source_length=p["width"], target_length=p["width"], repeats=p["timed_steps"],
+                   warmup=p["warmup_steps"], compile_backend=p["compile_backend"] or "inductor")
     config = workloads.model_config(spec)
     # Padded to the full width, as a collator padding to a multiple of it pads.
     pads = {"input_ids": config.pad_token_id, "attention_mask": 0, "labels": -100}
     batch = {name: F.pad(t, (0, p["width"] - t.shape[1]), value=pads[name])
              for name, t in workloads.training_batch(spec, config, seed=4).items()}
-    source_tokens, target_tokens = floors.token_counts(batch)
+    source_tokens, target_tokens = workloads.token_counts(batch)
     result = {"rows": rows, "width": p["width"], "vocab_size": p["vocab_size"], "source_tokens": source_tokens,
-              "target_tokens": target_tokens, "compile_backend": p["compile_backend"] or "inductor",
-              "presets": {}, "errors": {}}
+              "target_tokens": target_tokens, "compile_backend": spec.compile_backend, "presets": {}, "errors": {}}
     for preset in p["presets"]:
         if time.perf_counter() > start_by:
             result["errors"][preset] = f"not started: past {p['start_by_s']} s into the check"
@@ -246,7 +213,8 @@ def paper_batch_training(device, s, peak_tflops, start_by) -> dict:
         # limit, and no compiled graph outlives its model.
         torch._dynamo.reset()
         try:
-            result["presets"][preset] = paper_batch_preset(device, preset, p, batch, peak_tflops, result["errors"])
+            result["presets"][preset] = paper_batch_preset(dataclasses.replace(spec, preset=preset), batch,
+                                                           peak_tflops, result["errors"])
         finally:
             torch._dynamo.reset()
             gc.collect()
@@ -258,15 +226,11 @@ def paper_batch_training(device, s, peak_tflops, start_by) -> dict:
     return result
 
 
-def benchmark(device, s) -> dict:
-    """`make bench`'s run (peers.run_benchmark) on this device, with the spec in the settings."""
-    return peers.run_benchmark(spec_on(device, **s["benchmark"]),
-                               log=lambda message: print(f"    {message}", flush=True))
-
-
 def training_run(device, s, cpu_smoke: bool) -> dict:
     """scripts/train.py --bf16 on the built-in task in a subprocess; the logged loss must fall."""
     r = s["run"]
+    env = toolkit.offline_env(PYTHONPATH=os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")])),
+                              **({"OMP_NUM_THREADS": "1"} if cpu_smoke else {}))
     with tempfile.TemporaryDirectory(prefix="vt_device_check_") as tmp:
         output_dir = Path(tmp, "run")
         flags = dict(output_dir=output_dir, preset=r["preset"], vocab_size=r["vocab_size"], max_steps=r["max_steps"],
@@ -277,9 +241,6 @@ def training_run(device, s, cpu_smoke: bool) -> dict:
                      dataloader_num_workers=r["workers"])
         args = [sys.executable, str(REPO / "scripts" / "train.py"), "--bf16", *(["--use_cpu"] if cpu_smoke else []),
                 *(item for name, value in flags.items() for item in (f"--{name}", str(value)))]
-        env = {**os.environ, "HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false",
-               "PYTHONPATH": os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")])),
-               **({"OMP_NUM_THREADS": "1"} if cpu_smoke else {})}
         start = time.perf_counter()
         process = subprocess.run(args, cwd=REPO, env=env, capture_output=True, text=True, timeout=r["timeout_s"])
         wall = time.perf_counter() - start
@@ -293,15 +254,22 @@ def training_run(device, s, cpu_smoke: bool) -> dict:
     return {"preset": r["preset"], "steps": r["max_steps"], "batch": r["batch"], "wall_s": wall,
             "train_runtime_s": train.get("train_runtime"), "train_steps_per_s": train.get("train_steps_per_second"),
             "first_logged_loss": losses[0][1], "last_logged_loss": losses[-1][1],
-            "loss_falls": losses[-1][1] < 0.9 * losses[0][1], "loss_curve": losses, "test_bleu": test.get("bleu"),
-            "test_sentences": test.get("num_sentences")}
+            "loss_falls": losses[-1][1] < 0.9 * losses[0][1], "loss_curve": losses, "test_bleu": test.get("bleu")}
 
 
 # Report --------------------------------------------------------------------------------------------------
 
+def _flat(value) -> bool:
+    """A number, string or bool, or a dict of them: what fits on one line."""
+    return not isinstance(value, (dict, list)) or isinstance(value, dict) and not any(
+        isinstance(v, (dict, list)) for v in value.values())
+
+
 def _fmt(value):
+    if isinstance(value, dict):
+        return ", ".join(f"{key} {_fmt(v)}" for key, v in value.items())
     if value is None or isinstance(value, str):
-        return value or "–"
+        return " ".join((value or "–").split())[:300]  # an error's traceback: its start, on one line
     if isinstance(value, bool):
         return "yes" if value else "no"
     return f"{value:,}" if isinstance(value, int) else f"{value:,.4g}"
@@ -309,63 +277,49 @@ def _fmt(value):
 
 def _table(records: list[dict]) -> list[str]:
     """Records with the same keys as a markdown table, the keys its header."""
-    return markdown_table(list(records[0]), [[_fmt(value) for value in r.values()] for r in records]) if records else []
+    return markdown_table(list(records[0]), [[_fmt(value) for value in r.values()] for r in records])
 
 
-def _render_paper(paper) -> list[str]:
-    lines = [f"{paper['rows']} rows × {paper['width']} positions a side, lengths uniform in [{paper['width'] // 2}, "
-             f"{paper['width']}]: {paper['source_tokens']:,} source + {paper['target_tokens']:,} target tokens; "
-             f"vocabulary {paper['vocab_size']:,}; compiled with {paper['compile_backend']}. Interleaved medians; "
-             "peak GiB: one step as if alone; compile_s: the first step, compilation included.", ""]
-    for preset, r in paper["presets"].items():
-        lines += [f"**{preset}** ({r['parameters'] / 1e6:.1f}M parameters, dropout {r['dropout']}, "
-                  f"{r['model_tflop_per_step']:.3g} model TFLOP a step)", "",
-                  *_table([{"system": name, **m} for name, m in r["systems"].items()]), "",
-                  "Speed-ups (> 1: the first system faster): "
-                  + ", ".join(f"{key} {_fmt(r[key])}" for key in RATIOS) + ".", ""]
-        if r.get("profile_ours_compiled"):
-            lines += [f"Top kernels of one compiled step of ours ({r['profile_ours_compiled']['total_ms']:.1f} ms):",
-                      "", *_table(r["profile_ours_compiled"]["kernels"]), ""]
-    return lines + [f"- error, {key}: {' '.join(error.split())[:300]}" for key, error in paper["errors"].items()]
+def _render(result, depth: int = 3) -> list[str]:
+    """A section's result as markdown: a list of records as a table; a dict's flat values on one line, then each of
+    its other values under a heading of its name: a dict of flat records (the systems) as a table with their names
+    first, anything else in turn."""
+    if isinstance(result, list):
+        return _table(result) if result and isinstance(result[0], dict) else [str(result)]
+    flat = {key: value for key, value in result.items() if _flat(value) and value != {}}
+    lines = ["; ".join(f"{key}: {_fmt(value)}" for key, value in flat.items()), ""] if flat else []
+    for key, value in result.items():
+        if key not in flat and value:
+            records = isinstance(value, dict) and all(isinstance(v, dict) and _flat(v) for v in value.values())
+            body = _table([{"name": k, **v} for k, v in value.items()]) if records else _render(value, depth + 1)
+            lines += [f"{'#' * depth} {key}", "", *body, ""]
+    return lines
 
 
-RENDERERS = {  # each section's heading and its body
-    "attention_agreement": ("Attention agreement", lambda a: _table([
-        {"batch": kind, "implementation / dtype": name,
-         f"max |logit - fp32 eager logit| (logits up to {a['logit_scale']:.3g})": value}
-        for kind in ("padded", "unpadded") for name, value in a[kind].items()])),
-    "paper_batch_training": ("bf16 training step at the paper's batch (autocast, fused Adam, dropout on)",
-                             _render_paper),
-    "kernels": ("Loss and dropout kernels, forward + backward: ours against torch's", kernels.kernel_table),
-    # make bench's report under its own heading, one level down.
-    "benchmark": (None, lambda r: ["#" + line if line.startswith("#") else line
-                                   for line in report.render_markdown(r).splitlines()]),
-    "training_run": ("Training run (scripts/train.py --bf16, built-in task)",
-                     lambda r: _table([{k: v for k, v in r.items() if k != "loss_curve"}])),
+RENDERERS = {  # the sections rendered their own way
+    "kernels": kernels.kernel_table,
+    # make bench's report under its own headings, one level down.
+    "benchmark": lambda r: ["#" + line if line.startswith("#") else line
+                            for line in report.render_markdown(r).splitlines()],
 }
 
 
 def render_markdown(check: dict) -> str:
     env = check.get("environment", {})
-    results = {name: section["result"] for name, section in check["sections"].items() if section.get("result")}
     lines = [f"# vanilla_transformer device check "
              f"({'CPU smoke, numbers mean nothing' if check['cpu_smoke'] else env.get('gpu', '?')})", "",
              f"torch {env.get('torch')} (CUDA {env.get('cuda_build')}), transformers {env.get('transformers')}, "
              f"accelerate {env.get('accelerate')}; flash-attention packages: "
              f"{env.get('flash_attention_packages') or 'none'}; total {check['wall_s']:.0f} s", ""]
-    if "matmul_peak" in results:
-        peak = results["matmul_peak"]
-        lines += [f"bf16 matmul peak ({peak['size']}³): **{peak['best_tflops']:.0f} TFLOP/s** (best), "
-                  f"{peak['median_tflops']:.0f} (median)", ""]
-    for name, (heading, render) in RENDERERS.items():
-        lines += [*([f"## {heading}", ""] if heading else []), *render(results[name]), ""] if name in results else []
-    problems = {k: v for k, v in check["sections"].items() if not v.get("ok")}
-    if problems:
-        lines += ["## Problems", "", *(f"- **{k}**: {v.get('error', 'failed')[:1000]}" for k, v in problems.items()),
-                  ""]
+    for name, section in check["sections"].items():
+        if section.get("result") and name != "environment":
+            heading = [] if name == "benchmark" else [f"## {name}", ""]
+            lines += [*heading, *RENDERERS.get(name, _render)(section["result"]), ""]
+    problems = [f"- **{k}**: {v.get('error', 'failed')[:1000]}" for k, v in check["sections"].items() if not v["ok"]]
+    lines += ["## Problems", "", *problems, ""] if problems else []
     if not check.get("complete", True):
         lines += [f"**Incomplete**: written after {len(check['sections'])} sections; the check had not finished.", ""]
-    return "\n".join([*lines, f"All checks passed: **{_fmt(check['ok'])}**"]) + "\n"
+    return re.sub(r"\n{3,}", "\n\n", "\n".join([*lines, f"All checks passed: **{_fmt(check['ok'])}**"])) + "\n"
 
 
 # The check ------------------------------------------------------------------------------------------------
@@ -381,11 +335,12 @@ class Check:
 
     def save(self, complete=False):
         self.report.update(wall_s=time.perf_counter() - self.start, complete=complete)
-        self.report["ok"] = complete and all(v.get("ok") for v in self.report["sections"].values())
+        self.report["ok"] = complete and all(v["ok"] for v in self.report["sections"].values())
         markdown = render_markdown(self.report)
         return markdown, toolkit.write_report(self.out_dir / "device_check", self.report, markdown)
 
-    def section(self, name, fn, *args):
+    def section(self, name, fn, *args, check=None):
+        """Run `fn(*args)` as section `name`; `check(result)` may name a failure (or return None)."""
         sections, elapsed = self.report["sections"], time.perf_counter() - self.start
         if name in self.skip or elapsed > self.budget_s:
             sections[name] = ({"ok": True, "skipped": "--skip"} if name in self.skip else
@@ -395,8 +350,10 @@ class Check:
         mark = time.perf_counter()
         try:
             result = fn(*args)
-            sections[name] = {"ok": True, "seconds": time.perf_counter() - mark, "result": result}
-            print(f"    {json.dumps(result, default=str)[:600]}", flush=True)
+            failure = check(result) if check else None
+            sections[name] = {"ok": not failure, "seconds": time.perf_counter() - mark, "result": result,
+                              **({"error": failure} if failure else {})}
+            print(f"    {failure or json.dumps(result, default=str)[:600]}", flush=True)
             return result
         except Exception as error:  # noqa: BLE001 - one failing section must not hide the others
             sections[name] = {"ok": False, "seconds": time.perf_counter() - mark,
@@ -407,10 +364,6 @@ class Check:
             if torch.cuda.is_available():
                 torch.cuda.empty_cache()
             self.save()
-
-    def fail(self, name, error):
-        self.report["sections"][name].update(ok=False, error=error)
-        self.save()
 
 
 def main(argv=None) -> int:
@@ -438,16 +391,13 @@ def main(argv=None) -> int:
     check.report["environment"] = check.section("environment", environment, device) or {}
     peak = check.section("matmul_peak", matmul_peak, device, s["matmul_size"], s["matmul_repeats"])
     check.section("attention_agreement", attention_agreement, device, s)
-    paper = check.section("paper_batch_training", paper_batch_training, device, s,
-                          peak["best_tflops"] if peak else None, check.start + s["paper"]["start_by_s"])
-    if paper is not None and paper["failures"]:
-        check.fail("paper_batch_training", "; ".join(paper["failures"]))
+    check.section("paper_batch_training", paper_batch_training, device, s, peak and peak["best_tflops"],
+                  check.start + s["paper"]["start_by_s"], check=lambda paper: "; ".join(paper["failures"]))
     check.section("kernels", lambda: kernels.compare_kernels(**s["kernels"], device=device))
-    check.section("benchmark", benchmark, device, s)
-    run = check.section("training_run", training_run, device, s, args.cpu_smoke)
-    if run is not None and not run["loss_falls"]:
-        check.fail("training_run",
-                   f"loss did not fall: {run['first_logged_loss']:.3f} -> {run['last_logged_loss']:.3f}")
+    check.section("benchmark", lambda: peers.run_benchmark(spec_on(device, **s["benchmark"]),
+                                                           log=lambda message: print(f"    {message}", flush=True)))
+    check.section("training_run", training_run, device, s, args.cpu_smoke, check=lambda run: None if run["loss_falls"]
+                  else f"loss did not fall: {run['first_logged_loss']:.3f} -> {run['last_logged_loss']:.3f}")
     markdown, paths = check.save(complete=True)
     print(markdown)
     print(f"device_check: wrote {paths['json']} and {paths['md']}")

@@ -1,21 +1,13 @@
-"""Every engine a trained model runs on: `generate()`, its ONNX export on onnxruntime (float32 and int8) and its
-CTranslate2 export (float32 and int8), all through the one translation loop (`vanilla_transformer.tools.engines`);
-transformers.js in Node, and once in a real browser.
+"""Every engine a trained model runs on, through the one translation loop (`vanilla_transformer.tools.engines`):
+`generate()`, its ONNX export on onnxruntime and its CTranslate2 export (float32 and int8 each); transformers.js in
+Node and, with `--browser`, in headless Chromium (a page served from localhost posts its translations back).
 
     python -m scripts.benchmarks.engines --demo_model demo_output/model --model runs/multi30k [--browser]
 
-For each model given (the demo model on the built-in test split, the Multi30k model on its validation set): the
-float32 exports' outputs against `generate()`'s, greedy and with the saved beam search (identity rates; CTranslate2,
-which has no GNMT penalty, against `generate()` with transformers' |Y|^alpha), BLEU of every system (and of
-`generate()` ranking by |Y|^alpha), and file sizes. transformers.js (Node, `scripts/transformers_js/translate.mjs`)
-translates 200 test sentences of the demo model greedily: its outputs against our greedy `generate()`'s.
-
-Speed, on the Multi30k model (else the demo model): `--speed_sentences` sentences in batches of 64 as
-`scripts/translate.py` sends them, each system decoding to its own end, greedy and beam 4, `--threads` threads.
-Each system is timed in a fresh process of its own, one per system and repetition, the systems' order alternating
-between repetitions: a live runtime's thread pool slows whatever runs next to it in the same process.
-`--browser` serves a page from localhost to headless Chromium (Debian's `chromium`), which translates with
-transformers.js (onnxruntime-web, WebAssembly) and posts the translations back; a screenshot is kept.
+Per model (the demo model on the built-in test split, the Multi30k model on its validation set): the exports' outputs
+against `generate()`'s (CTranslate2, which has no GNMT penalty, against `generate()` ranking by |Y|^alpha), BLEU and
+file sizes. Speed (the Multi30k model, else the demo's), greedy and beam 4 in batches of 64: each system in a fresh
+process of its own per repetition, the order alternating, since a live runtime's threads slow whatever runs beside it.
 """
 
 import argparse

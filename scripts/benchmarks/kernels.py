@@ -9,44 +9,29 @@ measurements favour: this command times them on this CPU, scripts/device_check.s
 from __future__ import annotations
 
 import argparse
-import importlib
-import pkgutil
 
 import torch
 import torch.nn.functional as F
 
+# The kernels the model runs, as its file imports them.
+from vanilla_transformer.modeling_vanilla_transformer import apply_dropout, label_smoothed_cross_entropy
+
 from .toolkit import command_line, cores, environment, load_average, markdown_table, median_ms, write_report
-
-KERNELS = ("label_smoothed_cross_entropy", "apply_dropout")
-
-
-def our_kernels() -> dict:
-    """The model's loss and dropout by name, from whichever of the package's Hub-served files holds them."""
-    import vanilla_transformer
-
-    found = {}
-    for module in pkgutil.iter_modules(vanilla_transformer.__path__):
-        if not module.ispkg:
-            loaded = importlib.import_module(f"vanilla_transformer.{module.name}")
-            found.update({name: getattr(loaded, name) for name in KERNELS if hasattr(loaded, name)})
-    if set(found) != set(KERNELS):
-        raise ImportError(f"vanilla_transformer holds no {sorted(set(KERNELS) - set(found))}")
-    return found
 
 
 def compare_kernels(tokens: int, vocab_size: int, d_model: int, dropout: float, label_smoothing: float,
                     dtypes=(torch.float32, torch.bfloat16), device="cpu", repeats: int = 10) -> list[dict]:
     """Per dtype, the median milliseconds of forward + backward, ours and torch's: the loss over `tokens` rows of
     `vocab_size` logits, and dropout `dropout` on a (`tokens`, `d_model`) activation; with the two losses' gap."""
-    ours, generator = our_kernels(), torch.Generator(device).manual_seed(0)
+    generator = torch.Generator(device).manual_seed(0)
     rows = []
     for dtype in dtypes:
         logits = torch.randn(tokens, vocab_size, device=device, dtype=dtype, generator=generator).requires_grad_()
         labels = torch.randint(0, vocab_size, (tokens,), device=device, generator=generator)
         x = torch.randn(tokens, d_model, device=device, dtype=dtype, generator=generator).requires_grad_()
-        losses = {"ours": lambda: ours["label_smoothed_cross_entropy"](logits, labels, label_smoothing),
+        losses = {"ours": lambda: label_smoothed_cross_entropy(logits, labels, label_smoothing),
                   "torch": lambda: F.cross_entropy(logits.float(), labels, label_smoothing=label_smoothing)}
-        drops = {"ours": lambda: ours["apply_dropout"](x, dropout, True), "torch": lambda: F.dropout(x, dropout)}
+        drops = {"ours": lambda: apply_dropout(x, dropout, True), "torch": lambda: F.dropout(x, dropout)}
         tasks = {f"loss {name}": (lambda f=f: torch.autograd.grad(f(), logits)) for name, f in losses.items()}
         tasks.update({f"dropout {name}": (lambda f=f: torch.autograd.grad(f(), x, torch.ones_like(x)))
                       for name, f in drops.items()})

@@ -14,8 +14,8 @@ from pathlib import Path
 
 import torch
 
-from .workloads import (SYSTEMS, BenchmarkSpec, TextbookDecoder, build_models, generate_fixed_length, make_train_step,
-                        source_batch, training_batch)
+from .toolkit import offline_env
+from .workloads import SYSTEMS, BenchmarkSpec, build_models, decoders, make_train_step, source_batch, training_batch
 
 # Linux counts resident pages per thread in batches of up to 64 pages (256 KiB) before updating the process
 # total, so peaks closer than this are a tie.
@@ -52,23 +52,18 @@ def memory_workloads(spec: BenchmarkSpec, system: str) -> dict[str, float]:
     gradients, activations and temporaries)."""
     torch.set_num_threads(spec.threads)
     models = build_models(spec)
-    config = models["ours"].config
-    model = models["marian" if system == "marian" else "ours"]
-    del models
+    if system != "marian":  # the textbook decoder runs on ours
+        del models["marian"]
+    config, results = models["ours"].config, {}
     source = source_batch(spec, config, spec.generation_batch_size)
-    results = {}
     if system != "textbook":
-        step = make_train_step(model, training_batch(spec, config))
+        step = make_train_step(models[system], training_batch(spec, config))
         step()
         results["train"] = peak_growth_mib(step)
     for workload, beams in (("greedy", 1), ("beam", spec.num_beams)):
-        if system == "textbook":
-            decoder = TextbookDecoder(model)
-            run = lambda n, b=beams: decoder.decode(**source, new_tokens=n, num_beams=b)  # noqa: E731
-        else:
-            run = lambda n, b=beams: generate_fixed_length(model, **source, new_tokens=n, num_beams=b)  # noqa: E731
-        run(min(2, spec.new_tokens))
-        results[workload] = peak_growth_mib(lambda r=run: r(spec.new_tokens))
+        run = decoders(models, source, beams)[system]
+        run(new_tokens=min(2, spec.new_tokens))
+        results[workload] = peak_growth_mib(lambda r=run: r(new_tokens=spec.new_tokens))
     return results
 
 
@@ -93,15 +88,15 @@ def measure_memory(spec: BenchmarkSpec, systems=SYSTEMS) -> dict[str, dict[str, 
     each workload's peak."""
     if not memory_method_available():
         raise RuntimeError("Peak-memory measurement needs Linux's /proc/self/clear_refs and /proc/self/status.")
-    env = {**os.environ, "MALLOC_MMAP_THRESHOLD_": "65536", "MALLOC_TRIM_THRESHOLD_": "0", "MALLOC_TOP_PAD_": "0",
-           "HF_HUB_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false"}
+    env = offline_env(MALLOC_MMAP_THRESHOLD_="65536", MALLOC_TRIM_THRESHOLD_="0", MALLOC_TOP_PAD_="0")
     groups = [[s] for s in systems] if spec.isolate_memory else [list(systems)]
     results = {}
     for group in groups:
         request = json.dumps({"spec": dataclasses.asdict(spec), "systems": group})
         done = subprocess.run(
             [sys.executable, "-c", "from scripts.benchmarks.memory import memory_worker; memory_worker()"],
-            input=request, capture_output=True, text=True, env=env, check=False, cwd=Path(__file__).resolve().parents[2],
+            input=request, capture_output=True, text=True, env=env, check=False,
+            cwd=Path(__file__).resolve().parents[2],
         )
         if done.returncode != 0:
             raise RuntimeError(f"The memory subprocess for {group} failed:\n{done.stderr[-4000:]}")

@@ -1,16 +1,11 @@
 """Quality parity: our Transformer against `transformers.MarianMTModel` of the same shape, trained the same way.
 
-Marian is the paper's architecture in transformers (post-LN, sqrt(d_model)-scaled embeddings shared between encoder,
-decoder and output, sinusoidal positions), so on one task, tokenizer, batch stream and objective the two should
-translate equally well. The same for both: shape and ids; Multi30k en->de with the shared BPE
-(`train_shared_tokenizer`) and identical §5.1 token batches in identical order (`TokenBucketBatchSampler`, one
-seed); `PaperTrainer` with the Noam schedule (§5.3), steps and seed; the objective, §5.4 label-smoothed
-cross-entropy over the step's target tokens (our model's `label_smoothed_cross_entropy`, which Marian, whose loss has
-no smoothing, gets as Trainer's `compute_loss_func`); one beam search for BLEU (beam 4, |Y|^0.6). What differs is
-the implementation and the initial weights, which each library draws its own way (both N(0, 0.02)).
-
-By default the two train side by side in two processes with one thread each: on a shared CPU that is faster than
-one after the other, and both see the same machine load.
+Marian is the paper's architecture in transformers, so on one task, tokenizer, batch stream and objective the two
+should translate equally well. The same for both: Multi30k en->de with the shared BPE, identical §5.1 token batches
+in identical order, `PaperTrainer` with the Noam schedule, steps and seed, §5.4's label-smoothed loss (our model's
+`label_smoothed_cross_entropy`, Marian's through `compute_loss_func`) and one beam search for BLEU (beam 4,
+|Y|^0.6). What differs is the implementation and the initial weights. By default the two train at once, one
+process and one thread each, under the same machine load.
 
     python -m scripts.benchmarks.quality_parity                       # writes scripts/benchmarks/results/parity_*
     python -m scripts.benchmarks.quality_parity --preset tiny --max_steps 50 --save_steps 10 --output_dir /tmp/p
@@ -282,9 +277,10 @@ def render_report(results: dict, command: str, plot_name: str) -> str:
     rows = "\n".join(markdown_table(
         ["run", "class", "parameters", "steps", "epochs", "train loss", "last val loss", "BLEU", "chrF", "train min",
          "decode min"],
-        [[kind, run["model"], f"{run['parameters']:,}", run["steps"], f"{run['epochs']:.2f}", f"{run['train_loss']:.3f}",
-          f"{_last_eval_loss(run):.3f}", f"**{run['bleu']:.2f}**", f"{run['chrf']:.2f}",
+        [[kind, run["model"], f"{run['parameters']:,}", run["steps"], f"{run['epochs']:.2f}",
+          f"{run['train_loss']:.3f}", f"{_last_eval_loss(run):.3f}", f"**{run['bleu']:.2f}**", f"{run['chrf']:.2f}",
           f"{run['train_seconds'] / 60:.1f}", f"{run['decode_seconds'] / 60:.1f}"] for kind, run in runs.items()]))
+    together = f"both trained at once, {s['threads_per_model']} thread each" if s["parallel"] else "one after the other"
     curve_text = "".join(
         f"\nGreedy BLEU of {kind} on the first {s['bleu_curve_samples']} validation sentences, by step: "
         + ", ".join(f"{step}: {bleu:.1f}" for step, bleu in runs[kind]["greedy_bleu_curve"]) + "."
@@ -295,8 +291,8 @@ def render_report(results: dict, command: str, plot_name: str) -> str:
 
 Both models: preset `{s['preset']}` with `{s['config_overrides']}`, shared BPE of {results['vocab_size']} tokens,
 ReLU, post-LN, scaled shared and tied embeddings; `PaperTrainer` with the Noam schedule (warmup
-{s['noam_warmup_steps']}, factor {s['noam_factor']}), label smoothing {s['label_smoothing']} (our model's loss function, Marian's through
-`compute_loss_func`), token batches of
+{s['noam_warmup_steps']}, factor {s['noam_factor']}), label smoothing {s['label_smoothing']} (our model's loss
+function, Marian's through `compute_loss_func`), token batches of
 {s['max_tokens_per_batch']} padded tokens per side (identical batches for both), {s['max_steps']} steps, seed
 {s['seed']}, {'bf16 autocast' if runs['ours']['bf16'] else 'float32'}, each library's own initialisation (both
 N(0, 0.02), drawn independently); scored:
@@ -308,7 +304,7 @@ of val, beam {s['num_beams']}, length penalty {s['length_penalty']} (|Y|^α), at
 
 BLEU(ours) − BLEU(Marian) = **{results['bleu_gap']:+.2f}** (target ≥ −0.3). sacreBLEU:
 `{runs['ours']['bleu_signature']}`. Wall time of the whole comparison: {results['wall_seconds'] / 60:.1f} min
-({'both trained at once, ' + str(s['threads_per_model']) + ' thread each' if s['parallel'] else 'one after the other'}){_machine_text(results)}.
+({together}){_machine_text(results)}.
 {curve_text}
 
 ![curves]({plot_name})

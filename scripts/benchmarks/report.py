@@ -27,7 +27,7 @@ def _timed(system):
 
 def render_markdown(results: dict) -> str:
     return "\n".join([*_header(results), *_speed(results), *_utilisation(results), *_memory(results),
-                      *_curve(results), *_verdicts(results)])
+                      *_verdicts(results)])
 
 
 def _header(results: dict) -> list[str]:
@@ -99,37 +99,12 @@ def _memory(results: dict) -> list[str]:
         "", f"Method: {results['memory_method']}. Peaks within {MEMORY_RESOLUTION_MIB:g} MiB are a tie.", ""]
 
 
-def _curve(results: dict) -> list[str]:
-    curve = results["beam_curve"]
-    lines = [f"## Beam-{curve['num_beams']} speedup over the textbook decoder ({curve['batch']} sentences, "
-             f"median of {curve['repeats']})", "", *markdown_table(
-                 ["output tokens", "ours", "textbook", "speedup", "projection floor", "attention floor",
-                  "generate() loop", "ceiling (projections alone)", "ceiling (floors + loop)", "FLOP ratio"],
-                 [[p["new_tokens"], _ms(p["ours_s"]), _ms(p["textbook_s"]), f"{p['speedup']:.1f}x",
-                   _ms(p["projection_floor_s"]), _ms(p["attention_floor_s"]), _ms(p["generate_loop_s"]),
-                   f"{p['ceiling']:.1f}x", f"{p['ceiling_through_generate']:.1f}x", f"{p['flop_ratio']:.1f}x"]
-                  for p in curve["points"]])]
-
-    def decoding(workload):
-        w = results[workload]
-        loops = ", ".join(f"{n} {_ms(v['loop_s'])} of {_ms(v['total_s'])}" for n, v in w["generation_split"].items())
-        return (f"{workload}: projections {_ms(w['projection_floor']['median_s'])}, attention "
-                f"{_ms(w['attention_floor']['median_s'])}, generate()'s loop {loops}")
-
-    return lines + ["", f"Floors, what any implementation must spend at these shapes (`floors.py`): the training "
-                        f"step's matmuls and AdamW update {_ms(results['train']['floor']['median_s'])}; decoding, "
-                        f"{decoding('greedy')}; {decoding('beam')}. FLOP ratio: the textbook decoder's FLOPs over "
-                        "ours, what the cache saves in arithmetic.", ""]
-
-
 def _verdicts(results: dict) -> list[str]:
     checks = results["checks"]
     return ["## Verdicts", "", "Ours is called faster or slower only where the median, the fastest repeats and the "
-            "paired quartiles agree; otherwise level. Ceilings: training, Marian's step over the training floor; "
-            "decoding, the peer's time over the projection and attention floors plus generate()'s loop.", "",
-            *markdown_table(["ratio", "measured", "ceiling on this machine", "ours is"],
-                            [[name, _x(v["value"]), _x(v.get("ceiling")), v["verdict"]]
-                             for name, v in results["verdicts"].items()]),
+            "paired quartiles agree; otherwise level.", "",
+            *markdown_table(["ratio", "measured", "ours is"],
+                            [[name, _x(v["value"]), v["verdict"]] for name, v in results["verdicts"].items()]),
             "", f"Checks: textbook greedy output equals ours: {checks['textbook_greedy_equals_ours']}; textbook beam "
             f"output equals ours: {checks['textbook_beam_equals_ours']}.", ""]
 

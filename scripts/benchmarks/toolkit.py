@@ -1,5 +1,5 @@
-"""What every measurement here shares: one timer, one matmul peak, one environment report, one table and one
-report writer, and the Multi30k data that the quality and batching runs read.
+"""What every measurement here shares: one timer, one matmul peak, one environment report, one subprocess
+environment, one table and one report writer, and the Multi30k data that the quality and batching runs read.
 
 The modules beside this file import it relatively (`from .toolkit import ...`): `scripts.benchmarks` is a package,
 run from the repository root as `python -m scripts.benchmarks.NAME`.
@@ -93,6 +93,12 @@ def environment(device: torch.device | str | None = None) -> dict:
                     gpu_memory_gib=props.total_memory / 2**30, multiprocessors=props.multi_processor_count,
                     bf16_supported=torch.cuda.is_bf16_supported())
     return info
+
+
+def offline_env(**extra: str) -> dict[str, str]:
+    """This process's environment for a measured subprocess: offline (nothing is downloaded), with `extra`."""
+    return {**os.environ, "HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false",
+            **extra}
 
 
 def markdown_table(header: list[str], rows: list[list]) -> list[str]:

@@ -1,7 +1,7 @@
 """The workloads the benchmarks time, and the systems that run them: `BenchmarkSpec` (what to measure), our model
 and `MarianMTModel` built to the same shape (the closest in-tree peer), synthetic right-padded batches, the
-training step, fixed-length decoding through `generate()`, and `TextbookDecoder`, which decodes as the tutorials
-do (the whole decoder re-run over the growing prefix at every step, no cache) on our model's weights."""
+training step and its model FLOPs, fixed-length decoding through `generate()`, and `TextbookDecoder`, which decodes
+as the tutorials do (the whole decoder re-run over the growing prefix at every step, no cache) on our weights."""
 
 from __future__ import annotations
 
@@ -9,6 +9,7 @@ import copy
 import dataclasses
 import math
 from collections.abc import Callable
+from functools import partial
 
 import torch
 import torch.nn.functional as F
@@ -18,7 +19,7 @@ from vanilla_transformer.configuration_vanilla_transformer import PRESETS, Vanil
 from vanilla_transformer.modeling_vanilla_transformer import VanillaTransformerForConditionalGeneration
 from vanilla_transformer.tools.marian import marian_config_like
 
-from .toolkit import cores, time_interleaved
+from .toolkit import cores
 
 
 # A vocabulary per preset: a small BPE for the CPU presets, the paper's shared 37k BPE (§5.1) for Table 3's.
@@ -31,7 +32,7 @@ class BenchmarkSpec:
     """What to measure, and where. `quick()` is a seconds-long run that checks the plumbing, not the speed."""
 
     preset: str = "small"
-    device: str = "cpu"  # e.g. "cuda:0": models, batches and floors live there, and each timed call is waited for
+    device: str = "cpu"  # e.g. "cuda:0": models and batches live there, and each timed call is waited for
     vocab_size: int | None = None  # None: DEFAULT_VOCAB[preset]
     batch_size: int = 32  # training batch
     source_length: int = 32  # longest source; lengths are drawn from [source_length // 2, source_length]
@@ -39,9 +40,6 @@ class BenchmarkSpec:
     generation_batch_size: int = 16
     new_tokens: int = 30  # decoded tokens per sentence, exactly (eos suppressed)
     num_beams: int = 4
-    curve_lengths: tuple[int, ...] = (10, 30, 100)  # beam search vs the textbook decoder at these output lengths
-    curve_batch_size: int | None = None  # None: generation_batch_size, so the curve's 30 matches the table's beam row
-    curve_repeats: int | None = None  # None: min(repeats, 2); the 100-token textbook point is the run's costliest
     repeats: int = 5
     warmup: int = 1
     threads: int | None = None  # None: every core this process may run on
@@ -57,8 +55,8 @@ class BenchmarkSpec:
     @classmethod
     def quick(cls, **overrides) -> "BenchmarkSpec":
         values = dict(preset="tiny", batch_size=4, source_length=8, target_length=8, generation_batch_size=2,
-                      new_tokens=4, curve_lengths=(2, 4), curve_batch_size=2, repeats=1, warmup=0, matmul_size=128,
-                      threads=1, isolate_memory=False, compile_backend="aot_eager")
+                      new_tokens=4, repeats=1, warmup=0, matmul_size=128, threads=1, isolate_memory=False,
+                      compile_backend="aot_eager")
         return cls(**{**values, **overrides})
 
     def __post_init__(self):
@@ -71,27 +69,17 @@ class BenchmarkSpec:
         if self.memory and device.type != "cpu":
             raise ValueError(f"`memory` measures the resident memory of CPU processes; with device {self.device!r} "
                              "pass memory=False.")
-        self.curve_lengths = tuple(self.curve_lengths)
         if self.vocab_size is None:
             self.vocab_size = DEFAULT_VOCAB[self.preset]
-        if self.curve_batch_size is None:
-            self.curve_batch_size = self.generation_batch_size
-        if self.curve_repeats is None:
-            self.curve_repeats = min(self.repeats, 2)
         if self.threads is None:
             self.threads = cores()
-        sizes = dict(vocab_size=self.vocab_size, batch_size=self.batch_size, source_length=self.source_length,
-                     target_length=self.target_length, generation_batch_size=self.generation_batch_size,
-                     new_tokens=self.new_tokens, num_beams=self.num_beams, curve_batch_size=self.curve_batch_size,
-                     curve_repeats=self.curve_repeats, repeats=self.repeats, threads=self.threads,
-                     matmul_size=self.matmul_size)
-        for name, value in sizes.items():
+        for name in ("vocab_size", "batch_size", "source_length", "target_length", "generation_batch_size",
+                     "new_tokens", "num_beams", "repeats", "threads", "matmul_size"):
+            value = getattr(self, name)
             if not isinstance(value, int) or isinstance(value, bool) or value < 1:
                 raise ValueError(f"`{name}` must be a positive int, got {value!r}.")
         if self.vocab_size < 5:
             raise ValueError("`vocab_size` must leave room for ids past the 4 special tokens.")
-        if not self.curve_lengths or any(n < 1 for n in self.curve_lengths):
-            raise ValueError(f"`curve_lengths` must be positive ints, got {self.curve_lengths!r}.")
 
 
 # Models -------------------------------------------------------------------------------------------------------
@@ -101,7 +89,7 @@ def model_config(spec: BenchmarkSpec) -> VanillaTransformerConfig:
 
 
 def max_positions(spec: BenchmarkSpec) -> int:
-    longest = max(spec.source_length, spec.target_length, spec.new_tokens, *spec.curve_lengths) + 1
+    longest = max(spec.source_length, spec.target_length, spec.new_tokens) + 1
     return 1 << (longest - 1).bit_length()  # Marian keeps a table of this many positions
 
 
@@ -138,6 +126,38 @@ def parameter_counts(model: torch.nn.Module) -> dict[str, int]:
         "frozen": sum(p.numel() for p in params if not p.requires_grad),
         "buffers": sum(b.numel() for b in model.buffers()),
     }
+
+
+def token_counts(batch: dict) -> tuple[int, int]:
+    """The source and target tokens of a training batch (its positions that are not padding): the useful work
+    that model-FLOPs utilisation counts. Both models compute the padding too."""
+    source = batch.get("attention_mask")
+    source_tokens = int(source.sum()) if source is not None else batch["input_ids"].numel()
+    return source_tokens, int((batch["labels"] != -100).sum())
+
+
+def training_flops(config, batch_size: int, source_length: int, target_length: int, attention: bool = True,
+                   source_tokens: int | None = None, target_tokens: int | None = None) -> int:
+    """Model FLOPs of one training step (forward + backward = 3 x forward): every matmul (projections,
+    feed-forward, output layer and, with `attention`, the attention scores and their weighted sums, counted
+    over the padded squares as the kernels compute them) at 2 FLOPs per multiply-add.
+
+    Projections run on `source_tokens` and `target_tokens` positions: by default the whole padded batch, as a
+    dense implementation computes it; `token_counts(batch)` gives the positions of the batch's tokens, which
+    is what model-FLOPs utilisation counts."""
+    d = config.d_model
+    source_tokens = batch_size * source_length if source_tokens is None else source_tokens
+    target_tokens = batch_size * target_length if target_tokens is None else target_tokens
+    encoder_per_token = config.encoder_layers * (2 * 4 * d * d + 2 * 2 * d * config.encoder_ffn_dim)
+    cross_kv_per_source_token = config.decoder_layers * 2 * 2 * d * d
+    decoder_per_token = config.decoder_layers * (2 * 6 * d * d + 2 * 2 * d * config.decoder_ffn_dim)
+    decoder_per_token += 2 * d * config.vocab_size
+    scores = int(attention) * batch_size * 2 * 2 * d * (
+        config.encoder_layers * source_length * source_length
+        + config.decoder_layers * (target_length * target_length + target_length * source_length))
+    forward = (source_tokens * (encoder_per_token + cross_kv_per_source_token) + target_tokens * decoder_per_token
+               + scores)
+    return 3 * forward
 
 
 # Data ---------------------------------------------------------------------------------------------------------
@@ -208,18 +228,6 @@ def training_steps(models: dict[str, torch.nn.Module], batch: dict, compile_back
     return steps
 
 
-def first_steps(steps: dict[str, Callable], device=None) -> tuple[dict[str, float], dict[str, str]]:
-    """Every step run once, apart from the timed ones (a compiled step compiles in it): the seconds each took, and
-    the error of each that failed (inductor without a C compiler, say), which the first dict leaves out."""
-    seconds, errors = {}, {}
-    for name, step in steps.items():
-        try:
-            seconds[name] = time_interleaved({name: step}, 1, 0, device)[name][0]
-        except Exception as error:  # noqa: BLE001 - recorded; the other systems still run
-            errors[name] = f"{type(error).__name__}: {error}"[:1000]
-    return seconds, errors
-
-
 def fixed_length_generation_config(model: torch.nn.Module, new_tokens: int, num_beams: int,
                                    **options) -> GenerationConfig:
     """Exactly `new_tokens` tokens: eos is suppressed until the budget is spent, so all systems do equal work.
@@ -242,20 +250,25 @@ def generate_fixed_length(model, input_ids, attention_mask, new_tokens: int, num
     return model.generate(input_ids=input_ids, attention_mask=attention_mask, generation_config=config)
 
 
+def decoders(models: dict[str, torch.nn.Module], source: dict, num_beams: int) -> dict[str, Callable]:
+    """Each system's fixed-length decoding of `source` by its name (`SYSTEMS`; the textbook decoder on our weights),
+    called with `new_tokens=`."""
+    runs = {name: partial(generate_fixed_length, model, **source, num_beams=num_beams)
+            for name, model in models.items()}
+    return {**runs, "textbook": partial(TextbookDecoder(models["ours"]).decode, **source, num_beams=num_beams)}
+
+
 class TextbookDecoder:
-    """Decoding as the tutorials write it, on our model's weights: the Annotated Transformer's `greedy_decode`
-    (encode once; at every step run the decoder over the whole prefix, no key/value cache, and project only
-    the last position) and the same loop widened to a beam. Like `generate_fixed_length` it decodes exactly
-    `new_tokens` tokens with eos suppressed, and ranks beams as generate() does (log-softmax over the whole
-    vocabulary, then eos masked), so on the same weights it returns the same tokens as our cached decoding."""
+    """Decoding as the tutorials write it, on our model's weights: encode once; at every step run the decoder over
+    the whole prefix, no key/value cache, and project only the last position (at one beam, the Annotated
+    Transformer's `greedy_decode`). Like `generate_fixed_length` it decodes exactly `new_tokens` tokens with eos
+    suppressed, and ranks beams as generate() does (log-softmax over the whole vocabulary, then eos masked), so on
+    the same weights it returns the same tokens as our cached decoding."""
 
     def __init__(self, model: VanillaTransformerForConditionalGeneration):
         self.model = model
         self.start_id = model.config.decoder_start_token_id
         self.eos_id = model.config.eos_token_id
-
-    def _encode(self, input_ids, attention_mask):
-        return self.model.get_encoder()(input_ids=input_ids, attention_mask=attention_mask).last_hidden_state
 
     def _next_log_probs(self, memory, attention_mask, prefix):
         hidden = self.model.get_decoder()(
@@ -267,20 +280,12 @@ class TextbookDecoder:
         return log_probs
 
     @torch.no_grad()
-    def greedy(self, input_ids, attention_mask, new_tokens: int) -> torch.Tensor:
-        self.model.eval()
-        memory = self._encode(input_ids, attention_mask)
-        prefix = input_ids.new_full((input_ids.shape[0], 1), self.start_id)
-        for _ in range(new_tokens):
-            next_ids = self._next_log_probs(memory, attention_mask, prefix).argmax(dim=-1, keepdim=True)
-            prefix = torch.cat([prefix, next_ids], dim=1)
-        return prefix
-
-    @torch.no_grad()
-    def beam(self, input_ids, attention_mask, new_tokens: int, num_beams: int = 4) -> torch.Tensor:
+    def decode(self, input_ids, attention_mask, new_tokens: int, num_beams: int = 1) -> torch.Tensor:
+        """Greedy for one beam, else beam search: the counterpart of `generate_fixed_length`."""
         self.model.eval()
         batch = input_ids.shape[0]
-        memory = self._encode(input_ids, attention_mask).repeat_interleave(num_beams, dim=0)
+        memory = self.model.get_encoder()(input_ids=input_ids, attention_mask=attention_mask).last_hidden_state
+        memory = memory.repeat_interleave(num_beams, dim=0)
         attention_mask = attention_mask.repeat_interleave(num_beams, dim=0)
         prefix = input_ids.new_full((batch * num_beams, 1), self.start_id)
         scores = torch.full((batch, num_beams), -1e9, device=input_ids.device)
@@ -295,9 +300,3 @@ class TextbookDecoder:
             prefix = torch.cat([prefix[rows], (flat % vocab).view(-1, 1)], dim=1)
         # Equal lengths: the length penalty cannot reorder, and topk left each sentence's best beam first.
         return prefix.view(batch, num_beams, -1)[:, 0]
-
-    def decode(self, input_ids, attention_mask, new_tokens: int, num_beams: int = 1) -> torch.Tensor:
-        """Greedy for one beam, else beam search: the counterpart of `generate_fixed_length`."""
-        if num_beams == 1:
-            return self.greedy(input_ids, attention_mask, new_tokens)
-        return self.beam(input_ids, attention_mask, new_tokens, num_beams)
