@@ -78,18 +78,16 @@ def batch_cost(source_lengths: Sequence[int], target_lengths: Sequence[int], pad
 
 
 def example_lengths(dataset) -> tuple[np.ndarray, np.ndarray]:
-    """Token counts of `input_ids` and `labels` (both including </s>) for every example of a tokenized split, read
-    from the Arrow list offsets a slice at a time (memory stays flat however large the split)."""
+    """Token counts of `input_ids` and `labels` (both including </s>) for every example of a tokenized split; for a
+    datasets.Dataset read from the Arrow list offsets alone (zero-copy unless the split has an index mapping)."""
     try:
         import datasets
         import pyarrow.compute as pc
 
         if isinstance(dataset, datasets.Dataset):
-            source, target = [np.zeros(0, np.int64)], [np.zeros(0, np.int64)]
-            for table in dataset.select_columns(["input_ids", "labels"]).with_format("arrow").iter(500_000):
-                for lengths, column in ((source, "input_ids"), (target, "labels")):
-                    lengths.append(pc.list_value_length(table[column]).to_numpy(zero_copy_only=False).astype(np.int64))
-            return np.concatenate(source), np.concatenate(target)
+            table = dataset.select_columns(["input_ids", "labels"]).with_format("arrow")[:]
+            return tuple(pc.list_value_length(table[column]).to_numpy(zero_copy_only=False).astype(np.int64)
+                         for column in ("input_ids", "labels"))
     except ImportError:  # pragma: no cover - datasets is a dependency; plain torch datasets work without it
         pass
     pairs = [(len(example["input_ids"]), len(example["labels"])) for example in dataset]

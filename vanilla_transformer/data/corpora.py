@@ -43,7 +43,7 @@ logger = logging.getLogger(__name__)
 PathLike = str | os.PathLike
 CHUNK = 100_000  # lines read, checked and written at a time: memory stays flat in the corpus size
 # Bump when what a cached Arrow file holds changes, so old files are not read back.
-CACHE_FORMAT = 1
+CACHE_FORMAT = 2
 # A chunk of pairs: sources, targets, and where row i's side s (0 source, 1 target) came from, for errors.
 _Chunk = tuple[list[str], list[str], Callable[[int, int], str]]
 
@@ -129,7 +129,8 @@ def _arrow_dataset(chunks: Iterator[_Chunk], files: tuple[PathLike, PathLike], s
     partial = path.with_name(f"{path.stem}.{os.getpid()}.incomplete")
     blank, seen = 0, [False, False]
     try:
-        with ArrowWriter(features=features, path=str(partial)) as writer:
+        # One record batch a chunk: each batch's metadata is a page the reader touches (and the kernel maps around).
+        with ArrowWriter(features=features, path=str(partial), writer_batch_size=CHUNK) as writer:
             for src, tgt, where in chunks:
                 keep = []
                 for i, pair in enumerate(zip(src, tgt)):
@@ -386,6 +387,7 @@ def tokenize_parallel(
         PairEncoder(tokenizer, src_lang, tgt_lang),
         batched=True,
         batch_size=10_000,
+        writer_batch_size=CHUNK,
         remove_columns="translation",
         num_proc=num_proc if num_proc and num_proc > 1 else None,
         load_from_cache_file=not overwrite_cache,
@@ -396,7 +398,9 @@ def tokenize_parallel(
 
     src_len, tgt_len = example_lengths(tokenized)
     too_long = (src_len > max_source_length) | (tgt_len > max_target_length)
-    filtered = tokenized.select(np.flatnonzero(~too_long)) if too_long.any() else tokenized
+    # Written out (and cached) rather than kept as an index mapping: the batch plan reads lengths straight from the
+    # Arrow offsets, which a mapping would make datasets gather, copying every id.
+    filtered = tokenized.select(np.flatnonzero(~too_long)).flatten_indices() if too_long.any() else tokenized
 
     report = LengthFilterReport(
         kept=int((~too_long).sum()),
