@@ -333,6 +333,12 @@ def test_a_local_folder_in_the_hubs_layout_loads_by_name_and_config(pairs, tmp_p
         assert {name: len(split) for name, split in splits.items()} == {"train": 100, "validation": 20, "test": 30}
     with pytest.raises(ValueError, match="fr-en"):
         load_parallel_data(folder, "en", "de", config_name="fr-en", cache_dir=str(tmp_path / "cache"))
+    # Another folder of the same name, or this one edited, is read anew, not from the first one's cache.
+    other = hub_dataset_folder(tmp_path / "elsewhere" / "wmt14", {"train": pairs[:10], "test": pairs[:3]})
+    assert len(load_parallel_data(folder, "en", "de", config_name="de-en")["test"]) == 30
+    assert len(load_parallel_data(other, "en", "de", config_name="de-en")["test"]) == 3
+    hub_dataset_folder(folder, {"train": pairs[:150], "validation": pairs[150:170], "test": pairs[170:180]})
+    assert len(load_parallel_data(folder, "en", "de", config_name="de-en")["test"]) == 10
 
 
 def test_the_vocabulary_trains_on_the_arrow_column_as_on_a_list(pairs, files, tmp_path):

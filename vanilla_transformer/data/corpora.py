@@ -257,6 +257,11 @@ def load_dataset_by_name(
                              "save_to_disk folder, which has no configs")
         dataset = load_from_disk(str(folder), **kwargs)
     else:
+        if folder.is_dir() and "cache_dir" not in kwargs:
+            # datasets keys a local folder's cache by the folder's name and config, not by its files: two folders
+            # named alike, or one whose files changed, would read each other's cached splits.
+            kwargs["cache_dir"] = str(_cache_file("folder", sorted(p for p in folder.rglob("*") if p.is_file()),
+                                                  src_lang, tgt_lang, None).with_suffix(""))
         dataset = load_dataset(str(name_or_path), config_name, **kwargs)
 
     if isinstance(dataset, (DatasetDict, IterableDatasetDict)):
