@@ -260,8 +260,9 @@ def load_dataset_by_name(
         if folder.is_dir() and "cache_dir" not in kwargs:
             # datasets keys a local folder's cache by the folder's name and config, not by its files: two folders
             # named alike, or one whose files changed, would read each other's cached splits.
-            kwargs["cache_dir"] = str(_cache_file("folder", sorted(p for p in folder.rglob("*") if p.is_file()),
-                                                  src_lang, tgt_lang, None).with_suffix(""))
+            files = sorted(p for p in folder.rglob("*") if p.is_file() and not any(
+                part.startswith(".") for part in p.relative_to(folder).parts))  # not a clone's .git
+            kwargs["cache_dir"] = str(_cache_file("folder", files, src_lang, tgt_lang, None).with_suffix(""))
         dataset = load_dataset(str(name_or_path), config_name, **kwargs)
 
     if isinstance(dataset, (DatasetDict, IterableDatasetDict)):

@@ -60,7 +60,8 @@ def run(model_args: ModelArguments, data: DataArguments, recipe: RecipeArguments
         raw = load_raw_splits(data)
     clock.stage("read")
     tokenizer = build_tokenizer(model_args, raw["train"], data, args)
-    if raw["train"].cache_files and model_args.tokenizer_name_or_path is model_args.model_name_or_path is None:
+    vocabulary_trained = model_args.tokenizer_name_or_path is None and model_args.model_name_or_path is None
+    if vocabulary_trained and raw["train"].cache_files:
         # Training the vocabulary read every page of the text, and a page read through a memory map stays in this
         # process' resident memory while mapped: map the files afresh (a cache hit) and let those pages go.
         raw = load_raw_splits(data)
