@@ -127,7 +127,7 @@ def _arrow_dataset(chunks: Iterator[_Chunk], files: tuple[PathLike, PathLike], s
     features = Features({"translation": Translation(languages=[src_lang, tgt_lang])})
     path.parent.mkdir(parents=True, exist_ok=True)
     partial = path.with_name(f"{path.stem}.{os.getpid()}.incomplete")
-    blank, seen = 0, [False, False]
+    blank, kept = 0, 0
     try:
         # One record batch a chunk: each batch's metadata is a page the reader touches (and the kernel maps around).
         with ArrowWriter(features=features, path=str(partial), writer_batch_size=CHUNK) as writer:
@@ -142,14 +142,13 @@ def _arrow_dataset(chunks: Iterator[_Chunk], files: tuple[PathLike, PathLike], s
                         raise ValueError(f"{where(i, side)}: empty {lang!r} sentence while the other side is not empty")
                     else:
                         blank += 1  # blank on both sides: a document separator in corpora like News Commentary
-                seen = [seen[0] or bool(keep), seen[1] or bool(keep)]
+                kept += len(keep)
                 columns = {src_lang: [src[i] for i in keep], tgt_lang: [tgt[i] for i in keep]}
                 pairs = pa.StructArray.from_arrays([pa.array(columns[lang], pa.string()) for lang in languages],
                                                    names=languages)
                 writer.write_table(pa.table({"translation": pairs}))
-        for side in (0, 1):
-            if not seen[side]:
-                raise ValueError(f"{files[side]} is empty")
+        if not kept:  # every line blank on both sides (a line blank on one side only was refused above)
+            raise ValueError(f"{files[0]} is empty" if files[0] == files[1] else f"{files[0]} and {files[1]} are empty")
         os.replace(partial, path)  # whole or not at all: another process may be reading the same key
     finally:
         partial.unlink(missing_ok=True)
