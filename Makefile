@@ -28,8 +28,8 @@ $(OLDEST)/.installed: setup.py
 
 test: test-newest test-oldest
 
-# transformers.js, pinned by its lock file, for the tests that load our ONNX export in Node. Its install scripts
-# only fetch GPU libraries; the CPU runtime ships in the package. Without npm those tests skip, saying so.
+# transformers.js, pinned by its lock file, for the tests that load our ONNX export in Node and Chromium. Its
+# install scripts only fetch GPU libraries; the CPU runtime ships in the package. Without npm those tests skip, saying so.
 js-client:
 	@if command -v npm >/dev/null 2>&1; then \
 	  if [ ! $(JS_CLIENT)/node_modules/.installed -nt $(JS_CLIENT)/package-lock.json ]; then \

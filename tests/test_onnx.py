@@ -1,11 +1,14 @@
 """The ONNX export computes the model's function at every decoding step, decodes as generate() does on
 onnxruntime, loads in transformers.js, and refuses what it cannot do before anything is written."""
 
+import http.server
 import json
 import random
 import shutil
 import subprocess
 import sys
+import threading
+import time
 from pathlib import Path
 
 import pytest
@@ -242,3 +245,56 @@ def test_transformers_js_loads_the_export_and_translates_like_our_greedy_search(
         # sentence a call as transformers.js runs them; its onnxruntime build may still round differently.
         ours = translate_onnx(folder, SOURCES, batch_size=1, num_beams=1, max_new_tokens=12, quantized="int8", threads=1)
         assert sum(a == b for a, b in zip(theirs, ours)) >= 0.9 * len(SOURCES)
+
+
+def chromium():
+    return shutil.which("chromium") or shutil.which("chromium-browser")
+
+
+@pytest.mark.skipif(transformers_js_missing() is not None, reason=str(transformers_js_missing()))
+@pytest.mark.skipif(chromium() is None, reason="no chromium: apt-get update && apt-get install -y chromium")
+def test_transformers_js_translates_like_our_greedy_search_in_a_browser(export, tmp_path):
+    # onnxruntime-web's WebAssembly build in headless Chromium: the client's page, served from localhost, translates
+    # and posts its translations back.
+    model, folder = export
+    site, posted = tmp_path / "site", {}
+    site.mkdir()
+    (site / "model").symlink_to(Path(folder).resolve())
+    (site / "node_modules").symlink_to(CLIENT / "node_modules")
+    shutil.copy(CLIENT / "browser.html", site / "index.html")
+    (site / "sources.json").write_text(json.dumps(SOURCES[:8]))
+
+    class Site(http.server.SimpleHTTPRequestHandler):
+        def __init__(self, *args, **kwargs):
+            super().__init__(*args, directory=str(site), **kwargs)
+
+        def do_POST(self):
+            posted.update(json.loads(self.rfile.read(int(self.headers["Content-Length"]))))
+            self.send_response(204)
+            self.end_headers()
+
+        def log_message(self, *args):
+            pass
+
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Site)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    # No background networking: a closed network refuses Chromium's own connections.
+    page = subprocess.Popen([chromium(), "--headless=new", "--no-sandbox", "--disable-gpu", "--disable-quic",
+                             "--no-first-run", "--disable-background-networking", "--disable-component-update",
+                             "--disable-sync", f"--user-data-dir={tmp_path / 'profile'}", "--remote-debugging-port=0",
+                             f"http://127.0.0.1:{server.server_port}/index.html?max_new_tokens=12"],
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        deadline = time.monotonic() + 240
+        while not posted and page.poll() is None and time.monotonic() < deadline:
+            time.sleep(0.5)
+    finally:
+        page.kill()
+        page.wait(timeout=30)
+        server.shutdown()
+        server.server_close()
+    assert "error" not in posted and posted, posted.get("error", "the page posted nothing before Chromium exited or "
+                                                                 "240 s passed")
+    ours = translate(model, tiny_tokenizer(), SOURCES[:8], batch_size=8, max_new_tokens=12, num_beams=1)
+    assert posted["translations"] == ours
+

@@ -1,14 +1,14 @@
-"""`make bench`: ours against `MarianMTModel` of the same shape and a textbook no-cache decoder (the run: peers.py).
+"""`make bench`: ours against `MarianMTModel` of the same shape and against itself without the key/value cache
+(`generate(use_cache=False)`; the run: peers.py).
 
     python -m scripts.benchmarks.benchmark              # preset small, results into scripts/benchmarks/results/
     python -m scripts.benchmarks.benchmark --preset base --repeats 3
+    python -m scripts.benchmarks.benchmark --bf16       # training under bf16 autocast (Trainer --bf16)
     python -m scripts.benchmarks.benchmark --quick      # seconds: checks the plumbing, numbers mean nothing
-    python -m scripts.benchmarks.benchmark --render scripts/benchmarks/results/results_small.json   # re-render only
 """
 
 import argparse
 import dataclasses
-import json
 import os
 from pathlib import Path
 
@@ -17,7 +17,7 @@ os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
 from vanilla_transformer.configuration_vanilla_transformer import PRESETS  # noqa: E402
 
-from .peers import ratios, run_benchmark, verdicts  # noqa: E402
+from .peers import run_benchmark  # noqa: E402
 from .report import render_markdown, write_results  # noqa: E402
 from .workloads import BenchmarkSpec  # noqa: E402
 
@@ -30,19 +30,11 @@ def main(argv=None):
                  "num_beams", "repeats", "threads"):  # what each means: BenchmarkSpec
         parser.add_argument(f"--{name}", type=int, help=f"BenchmarkSpec.{name} (default {getattr(defaults, name)})")
     parser.add_argument("--no_memory", action="store_true", help="skip the peak-memory subprocesses")
+    parser.add_argument("--bf16", action="store_true", default=None,
+                        help="the training steps under bf16 autocast over float32 weights, as Trainer --bf16 runs them")
     parser.add_argument("--quick", action="store_true", help="tiny model and shapes, one repeat")
     parser.add_argument("--output_dir", type=Path, default=Path("scripts/benchmarks/results"))
-    parser.add_argument("--render", type=Path, metavar="RESULTS_JSON",
-                        help="rewrite the markdown of a saved run beside it (ratios and verdicts recomputed)")
     args = parser.parse_args(argv)
-    if args.render:
-        results = json.loads(args.render.read_text())
-        results.update(ratios=ratios(results), ratios_from_fastest_repeats=ratios(results, "min_s"))
-        results["verdicts"] = verdicts(results)
-        paths = write_results(results, args.render.parent)
-        print("wrote " + ", ".join(str(p) for p in paths.values()))
-        return
-
     overrides = {field.name: getattr(args, field.name) for field in dataclasses.fields(BenchmarkSpec)
                  if getattr(args, field.name, None) is not None}
     if args.no_memory:

@@ -141,24 +141,6 @@ def step_peak_gib(step, device) -> float | None:
     return (torch.cuda.max_memory_allocated(device) - others) / 2**30
 
 
-def top_kernels(step, device, rows: int = 10) -> dict:
-    """Where one step's device time goes: the kernels (CPU ops on the CPU) with the most self time, and their
-    share."""
-    from torch.profiler import ProfilerActivity, profile
-
-    activities = [ProfilerActivity.CPU, *([ProfilerActivity.CUDA] if device.type == "cuda" else [])]
-    with profile(activities=activities) as prof:
-        step()
-        toolkit.synchronize(device)
-    attribute = "self_device_time_total" if device.type == "cuda" else "self_cpu_time_total"
-    events = sorted((e for e in prof.key_averages() if getattr(e, attribute, 0) > 0),
-                    key=lambda e: getattr(e, attribute), reverse=True)
-    total = sum(getattr(e, attribute) for e in events)
-    return {"total_ms": total / 1e3, "kernels": [
-        {"name": e.key[:120], "ms": getattr(e, attribute) / 1e3, "share": getattr(e, attribute) / total,
-         "calls": e.count} for e in events[:rows]]}
-
-
 def paper_batch_preset(spec, batch, peak_tflops, errors) -> dict:
     """One preset of `paper_batch_training`: `peers.compiled_training` with the paper's optimizer under bf16
     autocast, and per system its MFU and peak memory. A system whose first step (its compilation) fails is
@@ -182,8 +164,6 @@ def paper_batch_preset(spec, batch, peak_tflops, errors) -> dict:
             "model_tflops": tflops, "mfu": tflops / peak_tflops if peak_tflops else None,
             "peak_memory_gib": step_peak_gib(steps[name], device), "compile_s": system["compile_s"],
             "loss_finite": system["loss_finite"]}
-    if "ours_compiled" in result["systems"]:
-        result["profile_ours_compiled"] = top_kernels(steps["ours_compiled"], device)
     return result
 
 
@@ -328,8 +308,8 @@ class Check:
     """The sections run one after another, each timed, its result or error recorded and the report rewritten; one
     failing section does not stop the others, and none starts past the time budget."""
 
-    def __init__(self, cpu_smoke: bool, out_dir: Path, budget_s: float, skip: list[str]):
-        self.out_dir, self.budget_s, self.skip, self.start = out_dir, budget_s, skip, time.perf_counter()
+    def __init__(self, cpu_smoke: bool, out_dir: Path, budget_s: float):
+        self.out_dir, self.budget_s, self.start = out_dir, budget_s, time.perf_counter()
         self.report = {"cpu_smoke": cpu_smoke, "settings": CPU_SMOKE_SETTINGS if cpu_smoke else GPU_SETTINGS,
                        "sections": {}}
 
@@ -342,9 +322,8 @@ class Check:
     def section(self, name, fn, *args, check=None):
         """Run `fn(*args)` as section `name`; `check(result)` may name a failure (or return None)."""
         sections, elapsed = self.report["sections"], time.perf_counter() - self.start
-        if name in self.skip or elapsed > self.budget_s:
-            sections[name] = ({"ok": True, "skipped": "--skip"} if name in self.skip else
-                              {"ok": False, "error": f"not started: {elapsed:.0f} s > budget {self.budget_s:.0f} s"})
+        if elapsed > self.budget_s:
+            sections[name] = {"ok": False, "error": f"not started: {elapsed:.0f} s > budget {self.budget_s:.0f} s"}
             return None
         print(f"[device_check {elapsed:6.1f}s] {name} ...", flush=True)
         mark = time.perf_counter()
@@ -372,7 +351,6 @@ def main(argv=None) -> int:
     parser.add_argument("--out", type=Path, default=None, help="default: $OUT, else device_check_out/")
     parser.add_argument("--budget_s", type=float, default=420.0,
                         help="skip the sections not started after this many seconds (default 420)")
-    parser.add_argument("--skip", nargs="*", default=[], help="section names to skip")
     args = parser.parse_args(argv)
     if not args.cpu_smoke and not torch.cuda.is_available():
         print(f"device_check: no CUDA device (torch {torch.__version__}, CUDA build {torch.version.cuda}); "
@@ -386,7 +364,7 @@ def main(argv=None) -> int:
         # thread is often descheduled, so that every parallel region waits for it (seconds a tiny step).
         torch.set_num_threads(1)
     # TF32 stays off (PyTorch's default): the fp32 eager logits are the reference of the attention check.
-    check = Check(args.cpu_smoke, out_dir, args.budget_s, args.skip)
+    check = Check(args.cpu_smoke, out_dir, args.budget_s)
     s = check.report["settings"]
     check.report["environment"] = check.section("environment", environment, device) or {}
     peak = check.section("matmul_peak", matmul_peak, device, s["matmul_size"], s["matmul_repeats"])

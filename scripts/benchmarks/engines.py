@@ -1,8 +1,8 @@
 """Every engine a trained model runs on, through the one translation loop (`vanilla_transformer.tools.engines`):
 `generate()`, its ONNX export on onnxruntime and its CTranslate2 export (float32 and int8 each); transformers.js in
-Node and, with `--browser`, in headless Chromium (a page served from localhost posts its translations back).
+Node (in a browser: tests/test_onnx.py).
 
-    python -m scripts.benchmarks.engines --demo_model demo_output/model --model runs/multi30k [--browser]
+    python -m scripts.benchmarks.engines --demo_model demo_output/model --model runs/multi30k
 
 Per model (the demo model on the built-in test split, the Multi30k model on its validation set): the exports' outputs
 against `generate()`'s (CTranslate2, which has no GNMT penalty, against `generate()` ranking by |Y|^alpha), BLEU and
@@ -11,14 +11,12 @@ process of its own per repetition, the order alternating, since a live runtime's
 """
 
 import argparse
-import http.server
 import json
 import os
 import shutil
 import statistics
 import subprocess
 import tempfile
-import threading
 import time
 from concurrent.futures import ProcessPoolExecutor
 from functools import partial
@@ -140,58 +138,6 @@ def transformers_js(export_dir, sources, ours, dtype="fp32"):
             "differences": [{"ours": a, "transformers.js": b} for a, b in zip(ours, theirs) if a != b][:10]}
 
 
-class _Handler(http.server.SimpleHTTPRequestHandler):
-    """Serves the repository read-only and takes the page's results by POST."""
-    results: dict = {}
-
-    def do_POST(self):
-        body = self.rfile.read(int(self.headers["Content-Length"]))
-        type(self).results.update(json.loads(body))
-        self.send_response(204)
-        self.end_headers()
-
-    def log_message(self, *args):
-        pass
-
-
-def browser(export_dir, sources, screenshot: Path, timeout=600):
-    """transformers.js in headless Chromium: a page served from localhost translates `sources` (greedy,
-    onnxruntime-web's WebAssembly backend, float32) and posts them back; a screenshot of the page is kept."""
-    chromium = shutil.which("chromium") or shutil.which("chromium-browser")
-    if chromium is None:
-        return {"skipped": "no chromium: apt-get update && apt-get install -y chromium"}
-    site = Path(tempfile.mkdtemp(prefix="vt_browser_"))
-    (site / "model").symlink_to(Path(export_dir).resolve())
-    (site / "node_modules").symlink_to(CLIENT / "node_modules")
-    shutil.copy(CLIENT / "browser.html", site / "index.html")
-    (site / "sources.json").write_text(json.dumps(sources))
-    handler = type("Handler", (_Handler,), {"results": {}})
-    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), lambda *a: handler(*a, directory=str(site)))
-    threading.Thread(target=server.serve_forever, daemon=True).start()
-    url = f"http://127.0.0.1:{server.server_port}/index.html"
-    # No background networking: this machine's closed network refuses Chromium's own connections.
-    base = [chromium, "--headless=new", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
-            "--disable-background-networking", "--disable-component-update", "--disable-sync",
-            "--user-data-dir=" + str(site / "profile")]
-    start = time.perf_counter()
-    page = subprocess.Popen([*base, "--remote-debugging-port=0", url], stdout=subprocess.DEVNULL,
-                            stderr=subprocess.DEVNULL)
-    try:
-        while "translations" not in handler.results and "error" not in handler.results:
-            if time.perf_counter() - start > timeout or page.poll() is not None:
-                break
-            time.sleep(1)
-    finally:
-        page.kill()
-    seconds = time.perf_counter() - start
-    # The screenshot is a second, fresh load of the page, which shows the same translations when they are done.
-    subprocess.run([*base, "--window-size=1000,700", "--virtual-time-budget=600000", f"--screenshot={screenshot}",
-                    url], capture_output=True, timeout=timeout)
-    server.shutdown()
-    version = subprocess.run([chromium, "--version"], capture_output=True, text=True).stdout.strip()
-    return {"browser": version, "seconds": seconds, "screenshot": str(screenshot), **handler.results}
-
-
 def evaluation_sets(args) -> dict[str, tuple]:
     """The models found, each with its sources and references: the demo model on the built-in test split, the
     Multi30k model on Multi30k's validation set."""
@@ -220,7 +166,6 @@ def main(argv=None):
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--speed_sentences", type=int, default=256)
     parser.add_argument("--threads", type=int, default=2)
-    parser.add_argument("--browser", action="store_true", help="also run transformers.js in headless Chromium")
     args = parser.parse_args(argv)
     if args.repeats < 1 or args.speed_sentences < 1 or args.threads < 1:
         parser.error(f"--repeats, --speed_sentences and --threads must be at least 1, got {args.repeats}, "
@@ -240,9 +185,6 @@ def main(argv=None):
         ours = results["models"]["demo"]["greedy_generate"][:JS_SENTENCES]
         results["transformers.js"] = [transformers_js(exports["demo"]["onnx"], sets["demo"][1][:JS_SENTENCES], ours,
                                                       dtype) for dtype in ("fp32", "q8")]
-    if args.browser and "demo" in sets:
-        screenshot = Path(args.output).with_name(Path(args.output).name + "_browser.png")
-        results["browser"] = browser(exports["demo"]["onnx"], sets["demo"][1][:8], screenshot)
     name = "multi30k" if "multi30k" in sets else "demo"
     model_dir, sources = sets[name][:2]
     results["speed"] = {"model": name, "sentences": min(args.speed_sentences, len(sources)), "threads": args.threads,
@@ -286,22 +228,10 @@ def render(results, command):
 
 
 def _render_clients(results) -> list[str]:
-    lines = []
-    for js in results.get("transformers.js", []):
-        lines += [f"transformers.js 4.3.2 in Node ({js['dtype']}), {js['sentences']} built-in test sentences, greedy: "
-                  f"**{js['identity_vs_our_greedy']:.1%}** identical to our greedy generate()"
-                  f"{'' if js['dtype'] == 'fp32' else ' (float32)'}; {js['seconds_with_node_start']:.0f} s.", ""]
-    b = results.get("browser")
-    if b and "skipped" in b:
-        lines += [f"Browser run skipped: {b['skipped']}.", ""]
-    elif b:
-        lines += [f"## In the browser: {b['browser']}, headless", "",
-                  f"transformers.js with onnxruntime-web (WebAssembly), served from localhost, in {b['seconds']:.0f} s "
-                  "(page load to the last translation):", "",
-                  *markdown_table(["English", "German (in the browser)"],
-                                  [[s, t] for s, t in zip(b.get("sources", []), b.get("translations", []))]),
-                  "", f"![the page in headless Chromium]({Path(b['screenshot']).name})", ""]
-    return lines
+    return [line for js in results.get("transformers.js", []) for line in (
+        f"transformers.js 4.3.2 in Node ({js['dtype']}), {js['sentences']} built-in test sentences, greedy: "
+        f"**{js['identity_vs_our_greedy']:.1%}** identical to our greedy generate()"
+        f"{'' if js['dtype'] == 'fp32' else ' (float32)'}; {js['seconds_with_node_start']:.0f} s.", "")]
 
 
 if __name__ == "__main__":

@@ -9,6 +9,7 @@ measurements favour: this command times them on this CPU, scripts/device_check.s
 from __future__ import annotations
 
 import argparse
+import statistics
 
 import torch
 import torch.nn.functional as F
@@ -16,7 +17,7 @@ import torch.nn.functional as F
 # The kernels the model runs, as its file imports them.
 from vanilla_transformer.modeling_vanilla_transformer import apply_dropout, label_smoothed_cross_entropy
 
-from .toolkit import command_line, cores, environment, load_average, markdown_table, median_ms, write_report
+from .toolkit import command_line, cores, environment, load_average, markdown_table, time_interleaved, write_report
 
 
 def compare_kernels(tokens: int, vocab_size: int, d_model: int, dropout: float, label_smoothing: float,
@@ -35,7 +36,7 @@ def compare_kernels(tokens: int, vocab_size: int, d_model: int, dropout: float, 
         tasks = {f"loss {name}": (lambda f=f: torch.autograd.grad(f(), logits)) for name, f in losses.items()}
         tasks.update({f"dropout {name}": (lambda f=f: torch.autograd.grad(f(), x, torch.ones_like(x)))
                       for name, f in drops.items()})
-        ms = median_ms(tasks, repeats, 2, device)
+        ms = {name: statistics.median(t) * 1e3 for name, t in time_interleaved(tasks, repeats, 2, device).items()}
         gap = abs(losses["ours"]() - losses["torch"]()).item()
         rows.append({"dtype": str(dtype).removeprefix("torch."), "loss_gap": gap,
                      **{f"{kernel}_{name}_ms": ms[f"{kernel} {name}"] for kernel in ("loss", "dropout")

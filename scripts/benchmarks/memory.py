@@ -20,7 +20,6 @@ from .workloads import SYSTEMS, BenchmarkSpec, build_models, decoders, make_trai
 # Linux counts resident pages per thread in batches of up to 64 pages (256 KiB) before updating the process
 # total, so peaks closer than this are a tie.
 MEMORY_RESOLUTION_MIB = 1.0
-MIB = 2**20
 
 
 def _rss_kib(field: str) -> int:
@@ -52,12 +51,12 @@ def memory_workloads(spec: BenchmarkSpec, system: str) -> dict[str, float]:
     gradients, activations and temporaries)."""
     torch.set_num_threads(spec.threads)
     models = build_models(spec)
-    if system != "marian":  # the textbook decoder runs on ours
+    if system != "marian":  # the uncached system decodes with ours
         del models["marian"]
     config, results = models["ours"].config, {}
     source = source_batch(spec, config, spec.generation_batch_size)
-    if system != "textbook":
-        step = make_train_step(models[system], training_batch(spec, config))
+    if system != "uncached":
+        step = make_train_step(models[system], training_batch(spec, config), autocast=spec.autocast)
         step()
         results["train"] = peak_growth_mib(step)
     for workload, beams in (("greedy", 1), ("beam", spec.num_beams)):
@@ -79,13 +78,9 @@ def memory_method_available() -> bool:
 
 
 def measure_memory(spec: BenchmarkSpec, systems=SYSTEMS) -> dict[str, dict[str, float]]:
-    """Peak resident-memory growth per workload and system, in MiB.
-
-    torch's CPU tensors come from glibc malloc, which `tracemalloc` does not see and torch keeps no statistics
-    on, so we measure the process: each system runs in a fresh Python (shared by all systems only when
-    `spec.isolate_memory` is off), with glibc told to serve every block of 64 KiB or more by mmap and to give
-    it back on free. Then the resident set follows live tensor memory, and the reset high-water mark gives
-    each workload's peak."""
+    """Peak resident-memory growth per workload and system, in MiB, each system in a fresh Python (unless
+    `spec.isolate_memory` is off). torch's CPU tensors come from glibc malloc, which neither `tracemalloc` nor torch
+    counts; told to map every block of 64 KiB or more and give it back on free, the resident set follows them."""
     if not memory_method_available():
         raise RuntimeError("Peak-memory measurement needs Linux's /proc/self/clear_refs and /proc/self/status.")
     env = offline_env(MALLOC_MMAP_THRESHOLD_="65536", MALLOC_TRIM_THRESHOLD_="0", MALLOC_TOP_PAD_="0")

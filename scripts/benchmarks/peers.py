@@ -1,6 +1,6 @@
 """The benchmark run (`make bench`, and the device check's run on a GPU): ours against `MarianMTModel` of the same
 shape (the closest built-in peer: post-LN, sinusoidal positions, scaled shared embeddings; both with SDPA) and
-against `TextbookDecoder` (the tutorials' decoding without a cache, on our weights), doing the same work in one
+against `generate(use_cache=False)` on our weights (decoding without the key/value cache), doing the same work in one
 process, interleaved: a training step (also under torch.compile), greedy and beam decoding of a fixed length, and
 each workload's peak memory (`measure_memory`). scripts/benchmarks/README.md gives the method and the figures.
 """
@@ -37,7 +37,8 @@ def run_benchmark(spec: BenchmarkSpec, log: Callable[[str], None] = print) -> di
     results = {"spec": dataclasses.asdict(spec), "environment": environment(device),
                "parameters": {name: parameter_counts(model) for name, model in models.items()}}
     log(f"threads: {torch.get_num_threads()}; parameters: {results['parameters']}")
-    peaks, phases, outputs = [matmul_peak(spec.matmul_size, device=device)["flops"]], {}, {}
+    dtype = spec.autocast or torch.float32  # the precision the training step multiplies in: MFU's denominator
+    peaks, phases, outputs = [matmul_peak(spec.matmul_size, device=device, dtype=dtype)["flops"]], {}, {}
 
     def phase(name, measure, *args):
         mark = time.perf_counter()
@@ -48,17 +49,19 @@ def run_benchmark(spec: BenchmarkSpec, log: Callable[[str], None] = print) -> di
     phase("train", training, models, batch, spec, log)
     if spec.compile_backend:
         log(f"compiling the training steps ({spec.compile_backend}) ...")
-        phase("train_compiled", compiled_training, training_steps(models, batch, spec.compile_backend), batch, spec)
+        phase("train_compiled", compiled_training,
+              training_steps(models, batch, spec.compile_backend, autocast=spec.autocast), batch, spec)
         if results["train_compiled"]["errors"]:
             raise RuntimeError(f"training steps failed: {results['train_compiled']['errors']}")
     for workload, beams in (("greedy", 1), ("beam", spec.num_beams)):
         phase(workload, decoding, models, spec, workload, beams, outputs, log)
     results["checks"] = {
         "output_shapes": {f"{n}/{w}": list(out.shape) for (n, w), out in outputs.items()},
-        "textbook_greedy_equals_ours": torch.equal(outputs["textbook", "greedy"], outputs["ours", "greedy"]),
-        "textbook_beam_equals_ours": torch.equal(outputs["textbook", "beam"], outputs["ours", "beam"])}
-    peaks.append(matmul_peak(spec.matmul_size, device=device)["flops"])
-    results["matmul_peak"] = {"size": spec.matmul_size, "flops": max(peaks), "samples": peaks}
+        "uncached_greedy_equals_ours": torch.equal(outputs["uncached", "greedy"], outputs["ours", "greedy"]),
+        "uncached_beam_equals_ours": torch.equal(outputs["uncached", "beam"], outputs["ours", "beam"])}
+    peaks.append(matmul_peak(spec.matmul_size, device=device, dtype=dtype)["flops"])
+    results["matmul_peak"] = {"size": spec.matmul_size, "dtype": str(dtype).removeprefix("torch."),
+                              "flops": max(peaks), "samples": peaks}
     train = results["train"]
     for system in train["systems"].values():  # model FLOPs count the batch's tokens; the padded ones what runs
         system["mfu"] = train["flops_per_step"] / system["median_s"] / max(peaks)
@@ -72,7 +75,6 @@ def run_benchmark(spec: BenchmarkSpec, log: Callable[[str], None] = print) -> di
     results["noisy"] = sorted(f"{w}/{n}" for w in ("train", "greedy", "beam")
                               for n, s in results[w]["systems"].items() if s["spread"] > NOISY_SPREAD)
     results["ratios"] = ratios(results)
-    results["ratios_from_fastest_repeats"] = ratios(results, "min_s")
     results["paired_ratios"] = paired_ratios(results)
     results["verdicts"] = verdicts(results)
     results["environment"]["load_average_at_end"] = load_average()
@@ -84,8 +86,8 @@ def training(models: dict, batch: dict, spec: BenchmarkSpec, log: Callable[[str]
     """The training step of each model, interleaved, and its model FLOPs (of the batch's tokens, and padded)."""
     log("timing the training step ...")
     target_tokens = token_counts(batch)[1]
-    systems = summarize(time_interleaved(training_steps(models, batch), spec.repeats, spec.warmup, spec.device),
-                        target_tokens)
+    steps = training_steps(models, batch, autocast=spec.autocast)
+    systems = summarize(time_interleaved(steps, spec.repeats, spec.warmup, spec.device), target_tokens)
     config, shape = models["ours"].config, (*batch["input_ids"].shape, batch["labels"].shape[1])
     return {"systems": systems, "target_tokens": target_tokens,
             "flops_per_step": training_flops(config, *shape, True, *token_counts(batch)),
@@ -135,17 +137,17 @@ def decoding(models: dict, spec: BenchmarkSpec, workload: str, beams: int, outpu
     return {"systems": systems, "num_beams": beams, "new_tokens": spec.new_tokens, "batch": spec.generation_batch_size}
 
 
-def ratios(results: dict, statistic: str = "median_s") -> dict:
-    """Ours over each peer: throughput (> 1: ours faster) and peak memory (< 1: ours smaller). Speed ratios use
-    the median repeat; `statistic="min_s"` gives them from the fastest repeats, the least disturbed ones."""
+def ratios(results: dict) -> dict:
+    """Ours over each peer, of the median repeats: throughput (> 1: ours faster) and peak memory (< 1: ours
+    smaller)."""
     out = {}
     for workload in ("train", "greedy", "beam"):
         systems = results[workload]["systems"]
-        for peer in ("marian", "textbook"):
+        for peer in ("marian", "uncached"):
             if peer in systems:
-                out[f"{workload}_speed_vs_{peer}"] = systems[peer][statistic] / systems["ours"][statistic]
+                out[f"{workload}_speed_vs_{peer}"] = systems[peer]["median_s"] / systems["ours"]["median_s"]
         memory = results.get("memory_mib", {})
-        for peer in ("marian", "textbook"):
+        for peer in ("marian", "uncached"):
             if workload in memory.get(peer, {}) and workload in memory.get("ours", {}):
                 out[f"{workload}_memory_vs_{peer}"] = _ratio(memory["ours"][workload], memory[peer][workload])
     return out
@@ -165,9 +167,9 @@ def paired_ratios(results: dict) -> dict:
 
 
 def verdicts(results: dict) -> dict:
-    """Each ratio of ours to a peer and what it says: ours "faster" or "slower" only where the median, the fastest
-    repeats and the paired quartiles (where measured) all fall on one side of 1, else "level" (a difference the
-    machine's noise could make); memory within its resolution is "level" too."""
+    """Each ratio of ours to a peer and what it says: ours "faster" or "slower" only where the median and the paired
+    quartiles (where measured) all fall on one side of 1, else "level" (a difference the machine's noise could
+    make); memory within its resolution is "level" too."""
     out = {}
     for name, value in results["ratios"].items():
         if "_memory_vs_" in name:
@@ -175,10 +177,9 @@ def verdicts(results: dict) -> dict:
             difference = results["memory_mib"]["ours"][workload] - results["memory_mib"][peer][workload]
             verdict = "level" if abs(difference) <= MEMORY_RESOLUTION_MIB else "smaller" if difference < 0 else "larger"
         else:
-            estimates = [value, results.get("ratios_from_fastest_repeats", {}).get(name)]
             paired = results.get("paired_ratios", {}).get(name)
-            estimates += [paired["q1"], paired["q3"]] if paired else []
-            sides = {estimate > 1 for estimate in estimates if estimate is not None and estimate != 1}
+            estimates = [value, *([paired["q1"], paired["q3"]] if paired else [])]
+            sides = {estimate > 1 for estimate in estimates if estimate != 1}
             verdict = "faster" if sides == {True} else "slower" if sides == {False} else "level"
         out[name] = {"value": value, "verdict": verdict}
     return out

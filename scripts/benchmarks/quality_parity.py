@@ -29,7 +29,7 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")  # everything here is built locally
 import torch  # noqa: E402
 from datasets import DatasetDict, load_from_disk  # noqa: E402
 from transformers import (AutoTokenizer, DataCollatorForSeq2Seq, GenerationConfig, HfArgumentParser,  # noqa: E402
-                          MarianMTModel, TrainerCallback, set_seed)
+                          MarianMTModel, set_seed)
 
 from scripts.recipes.multi30k_en_de import RECIPE  # noqa: E402
 from vanilla_transformer.configuration_vanilla_transformer import VanillaTransformerConfig  # noqa: E402
@@ -75,14 +75,12 @@ class ParitySettings:
     seed: int = 0
     logging_steps: int = 25
     eval_steps: int = field(default=RECIPE["eval_steps"],
-                            metadata={"help": "Validation loss (and greedy BLEU) every this many steps."})
+                            metadata={"help": "Validation loss every this many steps."})
     save_steps: int = RECIPE["save_steps"]
     average_last_checkpoints: int = field(default=RECIPE["average_last_checkpoints"], metadata={
         "help": "§6.1: score the average of the last N checkpoints, one every save_steps (0: the last weights)."})
     precision: str = field(default="auto", metadata={
         "help": "auto: bf16 autocast where the machine multiplies bf16 natively, else float32 | bf16 | fp32"})
-    bleu_curve_samples: int = field(default=200, metadata={
-        "help": "If > 0, greedy BLEU on this many validation sentences at every evaluation: a BLEU-vs-steps curve."})
     num_beams: int = 4
     length_penalty: float = 0.6
     max_new_tokens: int = 128
@@ -109,22 +107,7 @@ def decoding_config(settings: ParitySettings, config: VanillaTransformerConfig) 
                             max_new_tokens=settings.max_new_tokens)
 
 
-class GreedyBleuCallback(TrainerCallback):
-    """Greedy-search BLEU on a few validation sentences after every evaluation: a cheap BLEU-vs-steps curve."""
-
-    def __init__(self, tokenizer, sources, references, generation_config):
-        self.tokenizer, self.sources, self.references = tokenizer, sources, references
-        self.generation_config = GenerationConfig.from_dict(
-            {**generation_config.to_dict(), "num_beams": 1, "length_penalty": 1.0})
-        self.curve: list[tuple[int, float]] = []
-
-    def on_evaluate(self, args, state, control, model=None, **kwargs):
-        hypotheses = translate(model, self.tokenizer, self.sources, generation_config=self.generation_config)
-        model.train()
-        self.curve.append((state.global_step, corpus_scores(hypotheses, self.references)["bleu"]))
-
-
-def trainer_for(kind: str, settings: ParitySettings, work: Path, callbacks: list) -> PaperTrainer:
+def trainer_for(kind: str, settings: ParitySettings, work: Path) -> PaperTrainer:
     """`PaperTrainer` for one of the two models, on the prepared data in `work`, both seeded alike."""
     tokenizer = AutoTokenizer.from_pretrained(work / "tokenizer")
     data = load_from_disk(str(work / "tokenized"))
@@ -143,7 +126,7 @@ def trainer_for(kind: str, settings: ParitySettings, work: Path, callbacks: list
         dataloader_num_workers=0)
     return PaperTrainer(
         model=model, args=args, train_dataset=data["train"], eval_dataset=data["validation"],
-        processing_class=tokenizer, callbacks=callbacks,
+        processing_class=tokenizer,
         data_collator=DataCollatorForSeq2Seq(tokenizer, model=model, label_pad_token_id=-100),
         compute_loss_func=None if kind == "ours" else label_smoothed_loss_func(settings.label_smoothing),
         noam_schedule=NoamLambda(config.d_model, settings.noam_warmup_steps, settings.noam_factor),
@@ -151,16 +134,14 @@ def trainer_for(kind: str, settings: ParitySettings, work: Path, callbacks: list
 
 
 def train_and_score(kind: str, settings: ParitySettings) -> dict:
-    """Train one of the two models on the prepared data in `settings.work_dir`; return its curves and BLEU."""
+    """Train one of the two models on the prepared data in `settings.work_dir`; return its losses and BLEU."""
     torch.set_num_threads(settings.threads_per_model)
     work = Path(settings.work_dir)
     validation = load_from_disk(str(work / "raw_validation"))["translation"]
     sources, references = [pair["en"] for pair in validation], [pair["de"] for pair in validation]
     tokenizer = AutoTokenizer.from_pretrained(work / "tokenizer")
     generation_config = decoding_config(settings, VanillaTransformerConfig.from_json_file(work / "config.json"))
-    n = settings.bleu_curve_samples
-    callbacks = [GreedyBleuCallback(tokenizer, sources[:n], references[:n], generation_config)] if n > 0 else []
-    trainer = trainer_for(kind, settings, work, callbacks)
+    trainer = trainer_for(kind, settings, work)
     model = trainer.model
     # Counted before training: a reloaded Marian marks its sinusoidal position tables trainable.
     parameters = sum(p.numel() for p in model.parameters() if p.requires_grad)
@@ -181,7 +162,7 @@ def train_and_score(kind: str, settings: ParitySettings) -> dict:
             "bleu_signature": scores["bleu_signature"], "train_loss": train_result.training_loss,
             "steps": trainer.state.global_step, "epochs": trainer.state.epoch, "bf16": trainer.args.bf16,
             "train_seconds": train_seconds, "decode_seconds": decode_seconds,
-            "log_history": trainer.state.log_history, "greedy_bleu_curve": callbacks[0].curve if callbacks else []}
+            "log_history": trainer.state.log_history}
 
 
 def prepare(settings: ParitySettings) -> dict:
@@ -243,25 +224,16 @@ def plot_parity(results: dict, path) -> Path:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    curves = [results["runs"][kind].get("greedy_bleu_curve") for kind in MODELS]
-    panels = 3 if any(curves) else 2
-    figure, axes = plt.subplots(1, panels, figsize=(5.5 * panels, 4.2))
+    figure, axes = plt.subplots(1, 2, figsize=(11, 4.2))
     for kind, color in zip(MODELS, ("tab:blue", "tab:red")):
         run = results["runs"][kind]
         label = f"{kind}: val BLEU {run['bleu']:.2f}"
         train = [(e["step"], e["loss"]) for e in run["log_history"] if "loss" in e]
         evals = [(e["step"], e["eval_loss"]) for e in run["log_history"] if "eval_loss" in e]
-        if train:
-            axes[0].plot(*zip(*train), color=color, label=label)
-        if evals:
-            axes[1].plot(*zip(*evals), marker="o", color=color, label=label)
-        if panels == 3 and run.get("greedy_bleu_curve"):
-            axes[2].plot(*zip(*run["greedy_bleu_curve"]), marker="o", color=color, label=label)
+        axes[0].plot(*zip(*train), color=color, label=label)
+        axes[1].plot(*zip(*evals), marker="o", color=color, label=label)
     axes[0].set(title="training loss (label-smoothed)", xlabel="step", ylabel="loss")
     axes[1].set(title="validation loss (label-smoothed)", xlabel="step", ylabel="loss")
-    if panels == 3:
-        n = results["settings"]["bleu_curve_samples"]
-        axes[2].set(title=f"greedy BLEU, {n} validation sentences", xlabel="step", ylabel="BLEU")
     for axis in axes:
         axis.legend(fontsize="small")
     figure.suptitle("Multi30k en-de: ours vs MarianMTModel, same shape, data, batches and recipe")
@@ -273,7 +245,7 @@ def plot_parity(results: dict, path) -> Path:
 
 
 def render_report(results: dict, command: str, plot_name: str) -> str:
-    s, runs = results["settings"], results["runs"]
+    s, runs, env = results["settings"], results["runs"], results["environment"]
     rows = "\n".join(markdown_table(
         ["run", "class", "parameters", "steps", "epochs", "train loss", "last val loss", "BLEU", "chrF", "train min",
          "decode min"],
@@ -281,10 +253,6 @@ def render_report(results: dict, command: str, plot_name: str) -> str:
           f"{run['train_loss']:.3f}", f"{_last_eval_loss(run):.3f}", f"**{run['bleu']:.2f}**", f"{run['chrf']:.2f}",
           f"{run['train_seconds'] / 60:.1f}", f"{run['decode_seconds'] / 60:.1f}"] for kind, run in runs.items()]))
     together = f"both trained at once, {s['threads_per_model']} thread each" if s["parallel"] else "one after the other"
-    curve_text = "".join(
-        f"\nGreedy BLEU of {kind} on the first {s['bleu_curve_samples']} validation sentences, by step: "
-        + ", ".join(f"{step}: {bleu:.1f}" for step, bleu in runs[kind]["greedy_bleu_curve"]) + "."
-        for kind in MODELS if runs[kind].get("greedy_bleu_curve"))
     return f"""# Quality parity on Multi30k en→de: ours vs `MarianMTModel`
 
 `{command}`
@@ -304,20 +272,11 @@ of val, beam {s['num_beams']}, length penalty {s['length_penalty']} (|Y|^α), at
 
 BLEU(ours) − BLEU(Marian) = **{results['bleu_gap']:+.2f}** (target ≥ −0.3). sacreBLEU:
 `{runs['ours']['bleu_signature']}`. Wall time of the whole comparison: {results['wall_seconds'] / 60:.1f} min
-({together}){_machine_text(results)}.
-{curve_text}
+({together}), on {env['cpu']} ({env['cores_available']} cores available; 1-minute load average
+{env['load_average_at_start'][0]:.1f} at the start, {env['load_average_at_end'][0]:.1f} at the end).
 
 ![curves]({plot_name})
 """
-
-
-def _machine_text(results: dict) -> str:
-    machine = results.get("environment")
-    if not machine:
-        return ""
-    start, end = machine.get("load_average_at_start"), machine.get("load_average_at_end")
-    load = f"; 1-minute load average {start[0]:.1f} at the start, {end[0]:.1f} at the end" if start and end else ""
-    return f", on {machine['cpu']} ({machine['cores_available']} cores available{load})"
 
 
 def _last_eval_loss(run: dict) -> float:

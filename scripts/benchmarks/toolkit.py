@@ -47,11 +47,6 @@ def time_interleaved(tasks: dict[str, Callable], repeats: int, warmup: int = 1,
     return times
 
 
-def median_ms(tasks: dict[str, Callable], repeats: int, warmup: int = 1, device=None) -> dict[str, float]:
-    """`time_interleaved`'s medians, in milliseconds."""
-    return {name: statistics.median(ts) * 1e3 for name, ts in time_interleaved(tasks, repeats, warmup, device).items()}
-
-
 def matmul_peak(size: int, repeats: int = 5, device: torch.device | str = "cpu",
                 dtype: torch.dtype = torch.float32) -> dict:
     """The practical matmul peak of the machine at hand: (size x size) @ (size x size), best and median of

@@ -1,18 +1,17 @@
 """The workloads the benchmarks time, and the systems that run them: `BenchmarkSpec` (what to measure), our model
 and `MarianMTModel` built to the same shape (the closest in-tree peer), synthetic right-padded batches, the
-training step and its model FLOPs, fixed-length decoding through `generate()`, and `TextbookDecoder`, which decodes
-as the tutorials do (the whole decoder re-run over the growing prefix at every step, no cache) on our weights."""
+training step and its model FLOPs, and fixed-length decoding through `generate()`, also without its cache on our
+weights (`use_cache=False`: the decoder re-run over the whole prefix at every step, every position of it projected to
+the vocabulary, as transformers does for a model whose forward takes no `logits_to_keep`)."""
 
 from __future__ import annotations
 
 import copy
 import dataclasses
-import math
 from collections.abc import Callable
 from functools import partial
 
 import torch
-import torch.nn.functional as F
 from transformers import GenerationConfig, MarianMTModel
 
 from vanilla_transformer.configuration_vanilla_transformer import PRESETS, VanillaTransformerConfig
@@ -24,7 +23,7 @@ from .toolkit import cores
 
 # A vocabulary per preset: a small BPE for the CPU presets, the paper's shared 37k BPE (§5.1) for Table 3's.
 DEFAULT_VOCAB = {"tiny": 1000, "small": 8000, "base": 37000, "big": 37000}
-SYSTEMS = ("ours", "marian", "textbook")
+SYSTEMS = ("ours", "marian", "uncached")  # uncached: generate(use_cache=False) on ours
 
 
 @dataclasses.dataclass
@@ -45,12 +44,17 @@ class BenchmarkSpec:
     threads: int | None = None  # None: every core this process may run on
     matmul_size: int = 2048
     memory: bool = True  # peak resident memory of CPU subprocesses: on the CPU only
+    bf16: bool = False  # the training steps under bf16 autocast over float32 weights, as Trainer --bf16 runs them
     # The training step under torch.compile too (what Trainer --torch_compile runs); quick mode uses aot_eager,
     # since inductor's C++ code generation takes a minute per model on a small CPU.
     compile_backend: str | None = "inductor"
     isolate_memory: bool = True  # one fresh subprocess per system; quick mode shares one to save start-up time
     seed: int = 0
     config_overrides: dict = dataclasses.field(default_factory=dict)  # e.g. a recipe's dropouts, for both models
+
+    @property
+    def autocast(self) -> torch.dtype | None:
+        return torch.bfloat16 if self.bf16 else None
 
     @classmethod
     def quick(cls, **overrides) -> "BenchmarkSpec":
@@ -111,21 +115,17 @@ def build_model(spec: BenchmarkSpec, system: str = "ours", attn_implementation: 
 
 
 def build_models(spec: BenchmarkSpec) -> dict[str, torch.nn.Module]:
-    """Ours and Marian, both with SDPA attention; the textbook decoder borrows ours."""
+    """Ours and Marian, both with SDPA attention; the uncached system decodes with ours."""
     return {system: build_model(spec, system) for system in ("ours", "marian")}
 
 
 def parameter_counts(model: torch.nn.Module) -> dict[str, int]:
-    """Trainable parameters (shared embeddings counted once), frozen parameters and buffers.
-
-    Marian's frozen entries are its two sinusoidal position tables (ours computes positions instead), and
-    its buffer is `final_logits_bias`; neither is trained."""
+    """Trainable parameters (shared embeddings counted once), frozen parameters and buffers (Marian's: its two
+    sinusoidal position tables, where ours computes positions, and `final_logits_bias`; neither is trained)."""
     params = {id(p): p for p in model.parameters()}.values()
-    return {
-        "trainable": sum(p.numel() for p in params if p.requires_grad),
-        "frozen": sum(p.numel() for p in params if not p.requires_grad),
-        "buffers": sum(b.numel() for b in model.buffers()),
-    }
+    return {"trainable": sum(p.numel() for p in params if p.requires_grad),
+            "frozen": sum(p.numel() for p in params if not p.requires_grad),
+            "buffers": sum(b.numel() for b in model.buffers())}
 
 
 def token_counts(batch: dict) -> tuple[int, int]:
@@ -139,12 +139,9 @@ def token_counts(batch: dict) -> tuple[int, int]:
 def training_flops(config, batch_size: int, source_length: int, target_length: int, attention: bool = True,
                    source_tokens: int | None = None, target_tokens: int | None = None) -> int:
     """Model FLOPs of one training step (forward + backward = 3 x forward): every matmul (projections,
-    feed-forward, output layer and, with `attention`, the attention scores and their weighted sums, counted
-    over the padded squares as the kernels compute them) at 2 FLOPs per multiply-add.
-
-    Projections run on `source_tokens` and `target_tokens` positions: by default the whole padded batch, as a
-    dense implementation computes it; `token_counts(batch)` gives the positions of the batch's tokens, which
-    is what model-FLOPs utilisation counts."""
+    feed-forward, output layer and, with `attention`, the attention scores and their weighted sums over the padded
+    squares) at 2 FLOPs per multiply-add. Projections run on `source_tokens` and `target_tokens` positions: by
+    default the whole padded batch; `token_counts(batch)`'s are what model-FLOPs utilisation counts."""
     d = config.d_model
     source_tokens = batch_size * source_length if source_tokens is None else source_tokens
     target_tokens = batch_size * target_length if target_tokens is None else target_tokens
@@ -193,10 +190,9 @@ def source_batch(spec: BenchmarkSpec, config: VanillaTransformerConfig, batch: i
 
 def make_train_step(model: torch.nn.Module, batch: dict, lr: float = 1e-4, autocast: torch.dtype | None = None,
                     optimizer: torch.optim.Optimizer | None = None) -> Callable[[], float]:
-    """One optimizer step as a training loop runs it, dropout on: zero the gradients, forward with labels
-    (each model's own loss: ours is label-smoothed, Marian's plain cross-entropy), backward, the optimizer (AdamW
-    at `lr` unless one is given). With `autocast` (torch.bfloat16) the forward runs under
-    autocast on the batch's device, as Trainer's --bf16 does. The step returns its loss."""
+    """One optimizer step as a training loop runs it, dropout on: zero the gradients, forward with labels (each
+    model's own loss: ours is label-smoothed, Marian's plain cross-entropy), backward, the optimizer (AdamW at `lr`
+    unless one is given), the forward under `autocast` (e.g. torch.bfloat16) as Trainer --bf16 runs it; its loss."""
     optimizer = optimizer or torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=lr)
     device_type = next(iter(batch.values())).device.type
 
@@ -237,9 +233,9 @@ def fixed_length_generation_config(model: torch.nn.Module, new_tokens: int, num_
     # Greedy states the global default so that our model's beam-search length penalty is not merged in.
     extra = dict(length_penalty=0.6, early_stopping=False) if num_beams > 1 else dict(length_penalty=1.0)
     return GenerationConfig(
-        num_beams=num_beams, do_sample=False, min_new_tokens=new_tokens, max_new_tokens=new_tokens, use_cache=True,
+        num_beams=num_beams, do_sample=False, min_new_tokens=new_tokens, max_new_tokens=new_tokens,
         decoder_start_token_id=config.decoder_start_token_id, bos_token_id=config.bos_token_id,
-        eos_token_id=config.eos_token_id, pad_token_id=config.pad_token_id, **extra, **options,
+        eos_token_id=config.eos_token_id, pad_token_id=config.pad_token_id, **{"use_cache": True, **extra, **options},
     )
 
 
@@ -251,52 +247,7 @@ def generate_fixed_length(model, input_ids, attention_mask, new_tokens: int, num
 
 
 def decoders(models: dict[str, torch.nn.Module], source: dict, num_beams: int) -> dict[str, Callable]:
-    """Each system's fixed-length decoding of `source` by its name (`SYSTEMS`; the textbook decoder on our weights),
-    called with `new_tokens=`."""
+    """Each system's fixed-length decoding of `source` by its name (`SYSTEMS`), called with `new_tokens=`."""
     runs = {name: partial(generate_fixed_length, model, **source, num_beams=num_beams)
             for name, model in models.items()}
-    return {**runs, "textbook": partial(TextbookDecoder(models["ours"]).decode, **source, num_beams=num_beams)}
-
-
-class TextbookDecoder:
-    """Decoding as the tutorials write it, on our model's weights: encode once; at every step run the decoder over
-    the whole prefix, no key/value cache, and project only the last position (at one beam, the Annotated
-    Transformer's `greedy_decode`). Like `generate_fixed_length` it decodes exactly `new_tokens` tokens with eos
-    suppressed, and ranks beams as generate() does (log-softmax over the whole vocabulary, then eos masked), so on
-    the same weights it returns the same tokens as our cached decoding."""
-
-    def __init__(self, model: VanillaTransformerForConditionalGeneration):
-        self.model = model
-        self.start_id = model.config.decoder_start_token_id
-        self.eos_id = model.config.eos_token_id
-
-    def _next_log_probs(self, memory, attention_mask, prefix):
-        hidden = self.model.get_decoder()(
-            input_ids=prefix, encoder_hidden_states=memory, encoder_attention_mask=attention_mask, use_cache=False,
-        ).last_hidden_state[:, -1]
-        log_probs = F.log_softmax(self.model.lm_head(hidden).float(), dim=-1)
-        if self.eos_id is not None:
-            log_probs[:, self.eos_id] = -math.inf
-        return log_probs
-
-    @torch.no_grad()
-    def decode(self, input_ids, attention_mask, new_tokens: int, num_beams: int = 1) -> torch.Tensor:
-        """Greedy for one beam, else beam search: the counterpart of `generate_fixed_length`."""
-        self.model.eval()
-        batch = input_ids.shape[0]
-        memory = self.model.get_encoder()(input_ids=input_ids, attention_mask=attention_mask).last_hidden_state
-        memory = memory.repeat_interleave(num_beams, dim=0)
-        attention_mask = attention_mask.repeat_interleave(num_beams, dim=0)
-        prefix = input_ids.new_full((batch * num_beams, 1), self.start_id)
-        scores = torch.full((batch, num_beams), -1e9, device=input_ids.device)
-        scores[:, 0] = 0.0  # all beams start identical: expand only the first one at the first step
-        offsets = (torch.arange(batch, device=input_ids.device) * num_beams)[:, None]
-        for _ in range(new_tokens):
-            log_probs = self._next_log_probs(memory, attention_mask, prefix)
-            vocab = log_probs.shape[-1]
-            candidates = (log_probs.view(batch, num_beams, vocab) + scores[:, :, None]).view(batch, -1)
-            scores, flat = candidates.topk(num_beams, dim=-1)
-            rows = (offsets + torch.div(flat, vocab, rounding_mode="floor")).flatten()
-            prefix = torch.cat([prefix[rows], (flat % vocab).view(-1, 1)], dim=1)
-        # Equal lengths: the length penalty cannot reorder, and topk left each sentence's best beam first.
-        return prefix.view(batch, num_beams, -1)[:, 0]
+    return {**runs, "uncached": partial(runs["ours"], use_cache=False)}

@@ -43,9 +43,6 @@ divided by the step's real target-token count however unequal the batches are in
 `--per_device_train_batch_size` is ignored for training when a token budget is set (Trainer still prints it
 in "Total train batch size", which then means nothing), and so are `--dataloader_drop_last` and
 `--train_sampling_strategy`.
-
-`scripts/benchmarks/batching_throughput.py` measures training throughput on Multi30k, token buckets against
-random batches of the same mean size.
 """
 
 from __future__ import annotations
