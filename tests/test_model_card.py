@@ -133,3 +133,15 @@ def test_the_card_says_when_the_checkpoint_has_a_logits_bias(checkpoint, scores,
     save_for_hub(model, tokenizer, tmp_path / "biased")
     text = render_model_card(tmp_path / "biased", **card_fields(scores)).text
     assert "learned bias to the logits (`lm_head_bias`" in text
+
+
+def test_the_card_says_when_the_tokenizer_lowercases(checkpoint, scores, tmp_path):
+    from vanilla_transformer.data.tokenization import train_shared_tokenizer
+
+    _, folder = checkpoint
+    assert "lowercases" not in render_model_card(folder, **card_fields(scores)).text
+    tokenizer = train_shared_tokenizer(["Zwei Hunde spielen im Schnee."] * 4, vocab_size=60, show_progress=False,
+                                       lowercase=True)
+    save_for_hub(tiny_model(vocab_size=len(tokenizer)), tokenizer, tmp_path / "lowercase")
+    text = render_model_card(tmp_path / "lowercase", **card_fields(scores)).text
+    assert "**The tokenizer lowercases all it encodes**, so the model reads and writes lowercase text" in text

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 import torch
 from safetensors.torch import load_file
-from transformers import AutoModelForSeq2SeqLM
+from transformers import AutoModelForSeq2SeqLM, AutoTokenizer
 
 from conftest import hub_dataset_folder, snapshot
 from vanilla_transformer.training import load_raw_splits, parse_training_args
@@ -271,11 +271,24 @@ def test_wu_et_al_s_recipe_is_their_shape_batch_schedule_averaging_and_beam(corp
     args = torch.load(output / "checkpoint-24" / "training_args.bin", weights_only=False)
     assert (args.lr_scheduler_type, args.learning_rate, args.warmup_steps, args.adam_epsilon, args.max_grad_norm,
             args.gradient_accumulation_steps) == ("inverse_sqrt", 0.005, 4, 1e-8, 25.0, 2)
-    # The corpus is two updates an epoch: every epoch is checkpointed, and the last 10 are averaged.
+    # The corpus is two updates an epoch: every epoch is checkpointed, and the last 10 are averaged (Trainer also
+    # keeps the checkpoint with the best validation loss, so 11 may be kept).
     assert saved["averaged_checkpoints"] == [f"checkpoint-{step}" for step in range(6, 25, 2)]
-    rates = [entry["learning_rate"] for entry in json.loads(
-        (output / "checkpoint-24" / "trainer_state.json").read_text())["log_history"] if "learning_rate" in entry]
+    history = json.loads((output / "checkpoint-24" / "trainer_state.json").read_text())["log_history"]
+    rates = [entry["learning_rate"] for entry in history if "learning_rate" in entry]
     assert max(rates) == pytest.approx(0.005, rel=0.3) and rates[-1] < max(rates)  # warmup, then 1 / sqrt(step)
+    # fairseq's --patience 10: the validation loss alone after every epoch, training stopping once 10 in a row have
+    # not beaten the best (here it never stops: the loss still falls).
+    assert (args.eval_strategy, args.prediction_loss_only, args.metric_for_best_model, args.save_total_limit) == (
+        "epoch", True, "loss", 11)
+    assert [entry["step"] for entry in history if "eval_loss" in entry] == list(range(2, 25, 2))
+    assert not any("eval_bleu" in entry for entry in history)
+    assert saved["train"]["early_stopping"]["patience"] == 10 and not saved["train"]["early_stopping"]["stopped"]
+    # Their text is lowercased: the vocabulary lowercases what it reads, so the model reads and writes lowercase.
+    tokenizer = AutoTokenizer.from_pretrained(output)
+    assert tokenizer("Ein Mann").input_ids == tokenizer("ein mann").input_ids
+    translations = (output / "validation_translations.txt").read_text(encoding="utf-8")
+    assert translations == translations.lower()
     assert "multi30k_bleu" in saved["validation"]
 
 

@@ -101,6 +101,18 @@ def test_save_and_reload_with_auto_tokenizer(tokenizer, corpus, tmp_path):
     assert reloaded.decode(reloaded(texts[0]).input_ids, skip_special_tokens=True) == texts[0]
 
 
+def test_a_lowercasing_vocabulary_is_learnt_lowercased_and_lowercases_what_it_encodes(corpus, tmp_path):
+    src, tgt = corpus
+    lowercasing = train_shared_tokenizer(src + tgt, vocab_size=400, show_progress=False, lowercase=True)
+    assert not any(any(c.isupper() for c in token) for token in lowercasing.get_vocab())
+    lowercasing.save_pretrained(tmp_path)  # the normalizer travels in tokenizer.json, to every engine that reads it
+    reloaded = AutoTokenizer.from_pretrained(tmp_path)
+    text = "Über die Straße läuft ein Hund, 42 Bäume!"
+    assert reloaded(text).input_ids == reloaded(text.lower()).input_ids == lowercasing(text).input_ids
+    assert reloaded.decode(reloaded(text).input_ids, skip_special_tokens=True) == text.lower()
+    assert reloaded.convert_ids_to_tokens([0, 1, 2, 3]) == ["<pad>", "<s>", "</s>", "<unk>"]
+
+
 def test_accepts_a_generator(corpus):
     tokenizer = train_shared_tokenizer((s for s in corpus[1]), vocab_size=300, show_progress=False)
     assert tokenizer.decode(tokenizer(corpus[1][0]).input_ids, skip_special_tokens=True) == corpus[1][0]

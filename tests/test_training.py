@@ -160,6 +160,38 @@ def test_a_decaying_time_budget_anneals_the_noam_rate_towards_zero_at_its_end(tm
         assert lr == pytest.approx(ramp[step] * d_model**-0.5 * min(step**-0.5, step * warmup**-1.5), rel=1e-6)
 
 
+def test_early_stopping_ends_training_its_patience_after_the_best_evaluation(tmp_path):
+    arguments = TINY_RUN + ["--output_dir", str(tmp_path / "run"), "--max_eval_samples", "4", "--eval_steps", "1",
+                            "--prediction_loss_only", "--metric_for_best_model", "loss",
+                            "--early_stopping_patience", "2",
+                            # Training lowers the loss, so with higher counted better the best comes early.
+                            "--greater_is_better", "true"]
+    for flag, value in (("--eval_strategy", "steps"), ("--max_steps", "50")):
+        arguments[arguments.index(flag) + 1] = value
+    results = run(*parse(arguments))
+    stopping = results["train"]["early_stopping"]
+    assert stopping["stopped"] and (stopping["patience"], stopping["metric"]) == (2, "loss")
+    assert results["train"]["steps"] == stopping["best_step"] + 2 < 50
+
+
+@pytest.mark.parametrize("flags, message", [
+    (["--early_stopping_patience", "3"], "--early_stopping_patience 3 counts evaluations, but --eval_strategy is no"),
+    (["--early_stopping_patience", "3", "--eval_strategy", "epoch"],
+     "--early_stopping_patience 3 watches --metric_for_best_model, which is not set"),
+    (["--metric_for_best_model", "bleu", "--prediction_loss_only"],
+     "--metric_for_best_model bleu is not computed with --prediction_loss_only"),
+    (["--metric_for_best_model", "loss", "--save_strategy", "steps", "--save_steps", "1",
+      "--average_last_checkpoints", "3", "--save_total_limit", "3"],
+     "--average_last_checkpoints 3 needs --save_total_limit of at least 4 (with metric_for_best_model loss"),
+    (["--lowercase", "--tokenizer_name_or_path", "somewhere"],
+     "--lowercase trains the vocabulary on lowercased text, but --tokenizer_name_or_path somewhere gives one"),
+])
+def test_early_stopping_and_lowercasing_are_refused_before_anything_is_written(tmp_path, flags, message):
+    with pytest.raises(ValueError, match=re.escape(message)):
+        run(*parse(TINY_RUN + ["--output_dir", str(tmp_path / "run"), *flags]))
+    assert not (tmp_path / "run").exists()
+
+
 @pytest.mark.parametrize("flags, message", [
     (["--lr_decay_minutes", "5"], "--lr_decay_minutes 5.0 ends the decay at the time budget: give --max_train_minutes"),
     (["--max_train_minutes", "3", "--lr_decay_minutes", "4"],

@@ -15,9 +15,10 @@ import torch
 import torch.nn.functional as F
 
 # The kernels the model runs, as its file imports them.
+from vanilla_transformer.data.corpora import available_cores
 from vanilla_transformer.modeling_vanilla_transformer import apply_dropout, label_smoothed_cross_entropy
 
-from .toolkit import command_line, cores, environment, load_average, markdown_table, time_interleaved, write_report
+from .toolkit import command_line, environment, load_average, markdown_table, time_interleaved, write_report
 
 
 def compare_kernels(tokens: int, vocab_size: int, d_model: int, dropout: float, label_smoothing: float,
@@ -68,7 +69,7 @@ def main(argv=None) -> dict:
     parser.add_argument("--threads", type=int, default=None, help="torch threads (default: every core)")
     parser.add_argument("--output", default="scripts/benchmarks/results/kernels_cpu")
     args = parser.parse_args(argv)
-    torch.set_num_threads(args.threads or cores())
+    torch.set_num_threads(args.threads or available_cores())
     shapes = dict(tokens=args.tokens, vocab_size=args.vocab_size, d_model=args.d_model, dropout=args.dropout,
                   label_smoothing=args.label_smoothing)
     results = {"command": command_line("kernels", argv), "environment": environment(), "shapes": shapes,

@@ -21,6 +21,8 @@ from pathlib import Path
 import torch
 import transformers
 
+from vanilla_transformer.data.corpora import available_cores
+
 
 def synchronize(device: torch.device | str | None) -> None:
     """Wait for the device's queued kernels (GPU timings are otherwise only the launch)."""
@@ -59,11 +61,6 @@ def matmul_peak(size: int, repeats: int = 5, device: torch.device | str = "cpu",
             "median_flops": flops / statistics.median(times)}
 
 
-def cores() -> int:
-    """The cores this process may run on."""
-    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
-
-
 def load_average() -> list[float] | None:
     """Other processes on the cores inflate and scatter the times: a run records how busy the machine was."""
     return list(os.getloadavg()) if hasattr(os, "getloadavg") else None
@@ -79,7 +76,7 @@ def environment(device: torch.device | str | None = None) -> dict:
         pass
     info = {"python": platform.python_version(), "torch": torch.__version__, "cuda_build": torch.version.cuda,
             "transformers": transformers.__version__, "cpu": cpu,
-            "cores_available": cores(),
+            "cores_available": available_cores(),
             "torch_threads": torch.get_num_threads(), "torch_interop_threads": torch.get_num_interop_threads(),
             "omp_wait_policy": os.environ.get("OMP_WAIT_POLICY"), "load_average_at_start": load_average()}
     if device is not None and torch.device(device).type == "cuda":

@@ -15,10 +15,9 @@ import torch
 from transformers import GenerationConfig, MarianMTModel
 
 from vanilla_transformer.configuration_vanilla_transformer import PRESETS, VanillaTransformerConfig
+from vanilla_transformer.data.corpora import available_cores
 from vanilla_transformer.modeling_vanilla_transformer import VanillaTransformerForConditionalGeneration
 from vanilla_transformer.tools.marian import marian_config_like
-
-from .toolkit import cores
 
 
 # A vocabulary per preset: a small BPE for the CPU presets, the paper's shared 37k BPE (§5.1) for Table 3's.
@@ -76,7 +75,7 @@ class BenchmarkSpec:
         if self.vocab_size is None:
             self.vocab_size = DEFAULT_VOCAB[self.preset]
         if self.threads is None:
-            self.threads = cores()
+            self.threads = available_cores()
         for name in ("vocab_size", "batch_size", "source_length", "target_length", "generation_batch_size",
                      "new_tokens", "num_beams", "repeats", "threads", "matmul_size"):
             value = getattr(self, name)

@@ -14,10 +14,11 @@ SPECIAL_TOKENS = [PAD_TOKEN, BOS_TOKEN, EOS_TOKEN, UNK_TOKEN]
 METASPACE = "\u2581"
 
 
-def _build_backend() -> Tokenizer:
+def _build_backend(lowercase: bool = False) -> Tokenizer:
     tokenizer = Tokenizer(models.BPE(unk_token=UNK_TOKEN, fuse_unk=True))
     # NFC, not NFKC: NFKC would rewrite e.g. "½" or ligatures and break decode(encode(x)) == x.
-    tokenizer.normalizer = normalizers.NFC()
+    tokenizer.normalizer = normalizers.Sequence([normalizers.NFC(), normalizers.Lowercase()]) if lowercase \
+        else normalizers.NFC()
     tokenizer.pre_tokenizer = pre_tokenizers.Metaspace(replacement=METASPACE, prepend_scheme="always")
     tokenizer.decoder = decoders.Metaspace(replacement=METASPACE, prepend_scheme="always")
     return tokenizer
@@ -52,9 +53,12 @@ def train_shared_tokenizer(
     model_max_length: int = 1024,
     show_progress: bool = True,
     num_texts: int | None = None,
+    lowercase: bool = False,
 ) -> PreTrainedTokenizerFast:
     """A shared BPE vocabulary of `vocab_size` tokens learnt from `texts`: strings, or batches (lists) of strings
-    such as `corpora.sentence_batches` reads from a dataset's Arrow column; `num_texts` sizes the progress bar."""
+    such as `corpora.sentence_batches` reads from a dataset's Arrow column; `num_texts` sizes the progress bar.
+    With `lowercase` it is learnt from the lowercased text and lowercases all it encodes (a normalizer saved in
+    tokenizer.json), so a model trained with it reads and writes lowercase, as the Multi30k literature trains."""
     if vocab_size <= len(SPECIAL_TOKENS):
         raise ValueError(
             f"vocab_size={vocab_size} is too small: the {len(SPECIAL_TOKENS)} special tokens "
@@ -63,7 +67,7 @@ def train_shared_tokenizer(
     length = num_texts or (len(texts) if hasattr(texts, "__len__") else None)  # only feeds the progress bar
     iterator = _non_empty(texts)
 
-    backend = _build_backend()
+    backend = _build_backend(lowercase)
     trainer = trainers.BpeTrainer(
         vocab_size=vocab_size,
         min_frequency=min_frequency,

@@ -12,6 +12,7 @@ fields a translation model needs.
 
 from __future__ import annotations
 
+import json
 import os
 import re
 from math import prod
@@ -76,6 +77,15 @@ def _generation(folder: Path) -> dict:
     else:
         budget = f"at most {gen.max_length} tokens"
     return {"num_beams": gen.num_beams, "length_penalty": gen.length_penalty, "budget": budget}
+
+
+def _lowercases(normalizer: dict | None) -> bool:
+    """Whether a tokenizer.json normalizer lowercases the text (alone, in a sequence, or as BERT's does)."""
+    if not normalizer:
+        return False
+    if normalizer.get("type") == "Sequence":
+        return any(_lowercases(inner) for inner in normalizer.get("normalizers", []))
+    return normalizer.get("type") == "Lowercase" or normalizer.get("lowercase") is True
 
 
 def _eval_results(eval_results: dict, model_task: str, dataset_name: str, datasets: list[str]) -> list[EvalResult]:
@@ -186,6 +196,8 @@ def model_card_variables(
         "activation": config.activation_function,
         "attention_dropout": config.attention_dropout,
         "layer_norm_eps": config.layer_norm_eps,
+        "lowercase": (folder / "tokenizer.json").is_file() and _lowercases(
+            json.loads((folder / "tokenizer.json").read_text(encoding="utf-8")).get("normalizer")),
     }
     variables = {
         "model_name": model_name,

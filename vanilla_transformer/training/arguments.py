@@ -20,6 +20,10 @@ class ModelArguments:
     tokenizer_name_or_path: str | None = field(
         default=None, metadata={"help": "A saved tokenizer; default: the checkpoint's, else train a shared BPE."})
     vocab_size: int = field(default=8000, metadata={"help": "Size of the shared BPE vocabulary to train."})
+    lowercase: bool = field(default=False, metadata={
+        "help": "Train the shared BPE on lowercased text and lowercase all it encodes (a normalizer in "
+                "tokenizer.json): the model reads and writes lowercase, as the Multi30k literature trains. Its cased "
+                "sacreBLEU then counts every capital it does not write; the lowercased and Multi30k BLEU do not."})
     attn_implementation: str | None = field(default=None, metadata={"help": "sdpa (default) | eager | ..."})
     license: str = field(default="apache-2.0", metadata={"help": "License written into the model card."})
 
@@ -100,6 +104,10 @@ class RecipeArguments:
     length_penalty_type: str | None = field(default=None, metadata={
         "help": "gnmt (the paper's, ((5 + |Y|) / 6)^alpha) or hf (transformers' and fairseq's, |Y|^alpha) in the trained "
                 "model's generation_config.json (default: gnmt for a new model; the checkpoint's own otherwise)."})
+    early_stopping_patience: int | None = field(default=None, metadata={
+        "help": "Stop training once --metric_for_best_model has not improved for this many evaluations in a row "
+                "(transformers' EarlyStoppingCallback). fairseq's --patience is this with --eval_strategy epoch "
+                "--prediction_loss_only --metric_for_best_model loss: the validation loss after every epoch."})
     lr_decay_minutes: float | None = field(default=None, metadata={
         "help": "With --max_train_minutes and the Noam schedule: over the budget's last this many minutes the "
                 "learning rate falls linearly to zero (the Noam rate times a ramp from 1 to 0, read from the "
@@ -107,7 +115,7 @@ class RecipeArguments:
 
     def __post_init__(self):
         for name in ("pad_to_multiple_of", "tokens_per_step", "max_tokens_per_device", "average_last_checkpoints",
-                     "max_tokens_per_batch", "noam_warmup_steps", "num_beams"):
+                     "max_tokens_per_batch", "noam_warmup_steps", "num_beams", "early_stopping_patience"):
             value = getattr(self, name)
             if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 1):
                 raise ValueError(f"--{name} must be a positive int, got {value!r}.")

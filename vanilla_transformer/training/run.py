@@ -44,7 +44,7 @@ from . import metrics
 from .arguments import DataArguments, ModelArguments, RecipeArguments, TranslationTrainingArguments
 from .checkpoints import replace_weights_with_average, resolve_checkpoint
 from .schedule import NoamLambda
-from .trainer import PaperTrainer, TrainingTimeBudget
+from .trainer import EarlyStopping, PaperTrainer, TrainingTimeBudget
 
 logger = logging.getLogger(__name__)
 SPLITS = ("train", "validation", "test")
@@ -74,13 +74,17 @@ def run(model_args: ModelArguments, data: DataArguments, recipe: RecipeArguments
     clock.stage("tokenize")
     results["train"]["data_stage"] = clock.times
     budget = [TrainingTimeBudget(recipe.max_train_minutes, recipe.lr_decay_minutes)] if recipe.max_train_minutes else []
+    patience = [EarlyStopping(recipe.early_stopping_patience)] if recipe.early_stopping_patience else []
     trainer = build_trainer(model, tokenizer, train_set, eval_set, recipe, args, results,
-                            [*(callbacks or []), *budget, clock])
+                            [*(callbacks or []), *budget, *patience, clock])
     clock.stage("plan")
     results["train"].update(train(trainer, args, checkpoint))
     if budget:
         results["train"].update(max_train_minutes=recipe.max_train_minutes, lr_decay_minutes=recipe.lr_decay_minutes,
                                 stopped_by_time_budget_at_step=budget[0].stopped_at_step)
+    if patience:  # the callback Trainer holds now: resuming with its state restored replaces the one given
+        stopping = next(c for c in trainer.callback_handler.callbacks if isinstance(c, EarlyStopping))
+        results["train"]["early_stopping"] = {"metric": args.metric_for_best_model, **stopping.report(trainer.state)}
     if trainer.is_world_process_zero():
         results.update(finish_folder(trainer, tokenizer, raw, model_args, data, recipe, args, results))
     return results
@@ -89,6 +93,11 @@ def run(model_args: ModelArguments, data: DataArguments, recipe: RecipeArguments
 def check_run_can_start(model_args: ModelArguments, recipe: RecipeArguments, args: TranslationTrainingArguments):
     """Every refusal that needs no data: before a recipe writes anything (a vocabulary, data files) or trains."""
     parse_config_overrides(model_args.config_overrides)
+    given = [f"--{name} {getattr(model_args, name)}" for name in ("tokenizer_name_or_path", "model_name_or_path")
+             if getattr(model_args, name) is not None]
+    if model_args.lowercase and given:
+        raise ValueError(f"--lowercase trains the vocabulary on lowercased text, but {given[0]} gives one already "
+                         "trained (lowercasing or not as it was): drop --lowercase.")
     check_recipe_fits_the_run(recipe, args)
     check_output_dir_is_free(args)
 
@@ -142,7 +151,7 @@ def build_tokenizer(model_args: ModelArguments, train_split, data: DataArguments
         languages = (data.source_lang, data.target_lang)
         tokenizer = [train_shared_tokenizer(sentence_batches(train_split, languages), vocab_size=model_args.vocab_size,
                                             model_max_length=max(data.max_source_length, data.max_target_length),
-                                            num_texts=2 * len(train_split))]
+                                            num_texts=2 * len(train_split), lowercase=model_args.lowercase)]
     return broadcast_object_list(tokenizer, from_process=0)[0] if args.world_size > 1 else tokenizer[0]
 
 
@@ -241,6 +250,7 @@ def check_recipe_fits_the_run(recipe: RecipeArguments, args: TranslationTraining
         name, value = next(iter(decoding.items()))
         raise ValueError(f"--{name} {value} and --generation_config {args.generation_config} both set the trained "
                          f"model's decoding: give {name} in that file, or drop --generation_config.")
+    check_early_stopping(recipe, args)
     if recipe.lr_decay_minutes is not None and not args.noam:
         raise ValueError(f"--lr_decay_minutes {recipe.lr_decay_minutes} anneals the Noam schedule, not --lr_scheduler_type "
                          f"{args.lr_scheduler_type.value}: drop one of them (linear and cosine decay by steps).")
@@ -250,9 +260,14 @@ def check_recipe_fits_the_run(recipe: RecipeArguments, args: TranslationTraining
     if args.save_strategy not in ("steps", "epoch"):  # epochs: the last N whole epochs, as fairseq averages them
         raise ValueError(f"--average_last_checkpoints {wanted} needs checkpoints every few steps or every epoch: set "
                          f"--save_strategy steps or epoch (got {args.save_strategy}).")
-    if args.save_total_limit is not None and args.save_total_limit < wanted:
-        raise ValueError(f"--average_last_checkpoints {wanted} needs --save_total_limit of at least {wanted}, "
-                         f"got {args.save_total_limit}: older checkpoints would be deleted before averaging.")
+    # With a metric for the best checkpoint (set by --metric_for_best_model, or by --load_best_model_at_end), Trainer
+    # keeps that checkpoint beside the newest, so one of the last N could go to keep an older best one.
+    needed = wanted + (args.metric_for_best_model is not None)
+    if args.save_total_limit is not None and args.save_total_limit < needed:
+        best = "" if needed == wanted else (f" (with metric_for_best_model {args.metric_for_best_model}, Trainer also "
+                                            "keeps the best checkpoint)")
+        raise ValueError(f"--average_last_checkpoints {wanted} needs --save_total_limit of at least {needed}{best}, "
+                         f"got {args.save_total_limit}: older checkpoints could be deleted before averaging.")
     if args.max_steps > 0 and args.save_strategy == "steps":
         interval = args.save_steps if args.save_steps >= 1 else math.ceil(args.max_steps * args.save_steps)
         written = math.ceil(args.max_steps / interval)  # every `interval` steps, and the final one
@@ -267,6 +282,24 @@ def check_recipe_fits_the_run(recipe: RecipeArguments, args: TranslationTraining
         raise ValueError(f"--push_to_hub with --average_last_checkpoints {wanted} would upload the last step's weights "
                          "before they are averaged: train "
                          "without it and push the finished folder with scripts/push_to_hub.py.")
+
+
+def check_early_stopping(recipe: RecipeArguments, args: TranslationTrainingArguments):
+    """What --early_stopping_patience and --metric_for_best_model need, checked before training rather than at the
+    first evaluation (Trainer asserts or raises only then)."""
+    metric = args.metric_for_best_model
+    if metric is not None and args.prediction_loss_only and metric.removeprefix("eval_") != "loss":
+        raise ValueError(f"--metric_for_best_model {metric} is not computed with --prediction_loss_only (evaluation "
+                         "computes the loss alone): use --metric_for_best_model loss, or drop --prediction_loss_only.")
+    patience = recipe.early_stopping_patience
+    if patience is None:
+        return
+    if args.eval_strategy == "no":
+        raise ValueError(f"--early_stopping_patience {patience} counts evaluations, but --eval_strategy is no: set "
+                         "--eval_strategy epoch (as fairseq's --patience) or steps.")
+    if metric is None:
+        raise ValueError(f"--early_stopping_patience {patience} watches --metric_for_best_model, which is not set: "
+                         "give it (loss, with --prediction_loss_only to evaluate the loss alone, or bleu).")
 
 
 def check_output_dir_is_free(args: TranslationTrainingArguments):
@@ -431,6 +464,6 @@ class DataStageClock(TrainerCallback):
             self.stage("first_step")
 
 
-__all__ = ["run", "check_run_can_start", "check_recipe_fits_the_run", "check_output_dir_is_free", "load_raw_splits",
-           "build_tokenizer", "parse_config_overrides", "build_model", "tokenize_splits", "build_trainer", "train",
-           "finish_folder", "write_model_card", "evaluate_bleu"]
+__all__ = ["run", "check_run_can_start", "check_recipe_fits_the_run", "check_early_stopping",
+           "check_output_dir_is_free", "load_raw_splits", "build_tokenizer", "parse_config_overrides", "build_model",
+           "tokenize_splits", "build_trainer", "train", "finish_folder", "write_model_card", "evaluate_bleu"]

@@ -7,7 +7,7 @@ from functools import partial
 
 import torch
 from torch.utils.data import DataLoader
-from transformers import Seq2SeqTrainer, TrainerCallback
+from transformers import EarlyStoppingCallback, Seq2SeqTrainer, TrainerCallback
 
 from ..data.batching import TokenBucketBatchSampler, example_lengths
 from .arguments import TranslationTrainingArguments
@@ -194,4 +194,20 @@ class TrainingTimeBudget(TrainerCallback):
         return control
 
 
-__all__ = ["PaperTrainer", "TrainingTimeBudget"]
+class EarlyStopping(EarlyStoppingCallback):
+    """transformers' EarlyStoppingCallback (--early_stopping_patience) that also remembers the step of the best
+    evaluation, which Trainer records only where it saves checkpoints."""
+
+    best_step: int | None = None
+
+    def check_metric_value(self, args, state, control, metric_value):
+        super().check_metric_value(args, state, control, metric_value)
+        if self.early_stopping_patience_counter == 0:
+            self.best_step = state.global_step
+
+    def report(self, state) -> dict:
+        return {"patience": self.early_stopping_patience, "best": state.best_metric, "best_step": self.best_step,
+                "stopped": self.early_stopping_patience_counter >= self.early_stopping_patience}
+
+
+__all__ = ["PaperTrainer", "TrainingTimeBudget", "EarlyStopping"]
