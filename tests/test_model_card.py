@@ -1,6 +1,7 @@
 """The model card carries the real scores and the checkpoint's own hyper-parameters, in metadata the Hub accepts."""
 
 import pytest
+from conftest import tiny_model
 from huggingface_hub import ModelCard, metadata_load
 from huggingface_hub.repocard_data import model_index_to_eval_results
 from test_pipeline import toy_translator
