@@ -193,7 +193,7 @@ def main(argv=None) -> dict:
     results["minutes"] = (time.time() - start) / 60
     (folder / "results.json").write_text(json.dumps(results, indent=2, default=str))
     write_model_card(folder, model_args, data, results, held_out)
-    plot_bleu_curve(folder, results)
+    plot_bleu_curve(folder, results, lowercase=chosen["lowercase"])
     print(json.dumps({"output_dir": str(folder), "minutes": round(results["minutes"], 1),
                       "validation_bleu": results["validation"]["bleu"],
                       "validation_bleu_lowercase": results["validation"]["bleu_lowercase"],
@@ -206,15 +206,17 @@ def main(argv=None) -> dict:
     return results
 
 
-def plot_bleu_curve(folder: Path, results: dict):
-    """validation_bleu.png: the greedy evaluations during training and the final averaged model, against minutes."""
+def plot_bleu_curve(folder: Path, results: dict, lowercase: bool = False):
+    """validation_bleu.png: the greedy evaluations during training and the final averaged model, against minutes;
+    a model that writes lowercase is drawn in lowercased BLEU (its cased figure counts capitals it never writes)."""
     from vanilla_transformer.tools.plots import plot_bleu_over_time
 
     state = sorted(folder.glob("checkpoint-*/trainer_state.json"), key=lambda p: int(p.parent.name.split("-")[1]))
     history = json.loads(state[-1].read_text())["log_history"] if state else []
     points = [(entry["minutes"], entry["eval_bleu"]) for entry in history if "eval_bleu" in entry and "minutes" in entry]
-    plot_bleu_over_time(points, folder / "validation_bleu.png", title="Multi30k en→de, validation sacreBLEU",
-                        final=(results["minutes"], results["validation"]["bleu"]))
+    plot_bleu_over_time(points, folder / "validation_bleu.png",
+                        title="Multi30k en→de, validation sacreBLEU" + (", lowercased" if lowercase else ""),
+                        final=(results["minutes"], results["validation"]["bleu_lowercase" if lowercase else "bleu"]))
 
 
 if __name__ == "__main__":
