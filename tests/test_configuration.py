@@ -57,6 +57,7 @@ def test_generation_settings_stay_out_of_the_model_config():
         ("layer_norm_eps", 0, ValueError),
         ("scale_embedding", "False", TypeError),  # a string would read as true
         ("normalize_before", 1, TypeError),
+        ("init_method", "kaiming", ValueError),
     ],
 )
 def test_invalid_values_are_refused_with_field_and_value(field, value, error):

@@ -8,6 +8,7 @@ from concurrent.futures import ThreadPoolExecutor
 import pytest
 import torch
 from safetensors import safe_open
+from safetensors.torch import load_file, save_file
 from transformers import (
     AutoConfig,
     AutoModel,
@@ -338,6 +339,65 @@ def test_auto_classes_and_from_config_round_trip(tmp_path):
     fresh = AutoModelForSeq2SeqLM.from_config(config)
     assert type(fresh) is VanillaTransformerForConditionalGeneration
     assert fresh.lm_head.weight is fresh.model.shared.weight
+
+
+def _uniform_bound(weight: torch.Tensor) -> float:
+    """A uniform draw's bound, estimated from its standard deviation (bound / sqrt(3))."""
+    return weight.std().item() * math.sqrt(3)
+
+
+@pytest.mark.parametrize("tie_word_embeddings", [True, False])
+def test_xavier_initialisation_draws_fairseqs_distributions_and_reloads_unchanged(tmp_path, tie_word_embeddings):
+    d, ffn = 64, 256
+    model = tiny_model(init_method="xavier", d_model=d, encoder_ffn_dim=ffn, decoder_ffn_dim=ffn, vocab_size=4000,
+                       tie_word_embeddings=tie_word_embeddings)
+    layer = model.model.decoder.layers[0]
+    expected = {}  # weight -> Xavier-uniform bound sqrt(6 / (fan_in + fan_out)) times the gain
+    for attention in (layer.self_attn, layer.encoder_attn):
+        expected.update({attention.q_proj.weight: math.sqrt(6 / (2 * d) / 2), attention.k_proj.weight:
+                         math.sqrt(6 / (2 * d) / 2), attention.v_proj.weight: math.sqrt(6 / (2 * d) / 2),
+                         attention.out_proj.weight: math.sqrt(6 / (2 * d))})
+    expected[layer.ffn.fc1.weight] = expected[layer.ffn.fc2.weight] = math.sqrt(6 / (d + ffn))
+    for weight, bound in expected.items():
+        assert weight.abs().max().item() <= bound
+        assert _uniform_bound(weight) == pytest.approx(bound, rel=0.1)
+    embeddings = [model.model.shared.weight, model.lm_head.weight]  # the output projection is an embedding too
+    for weight in embeddings:
+        assert weight[1:].std().item() == pytest.approx(d**-0.5, rel=0.05)
+    assert model.model.shared.weight[model.config.pad_token_id].abs().max().item() == 0
+    assert (model.lm_head.weight is model.model.shared.weight) == tie_word_embeddings
+    biases = [m.bias for m in model.modules() if isinstance(m, torch.nn.Linear) and m.bias is not None]
+    assert biases and all(bias.abs().max().item() == 0 for bias in biases)
+    # Loading draws nothing: every weight comes back as saved.
+    model.save_pretrained(tmp_path)
+    loaded = AutoModelForSeq2SeqLM.from_pretrained(tmp_path)
+    assert loaded.config.init_method == "xavier"
+    for (name, saved), (_, reloaded) in zip(model.state_dict().items(), loaded.state_dict().items(), strict=True):
+        torch.testing.assert_close(reloaded, saved, atol=0, rtol=0, msg=name)
+
+
+def test_the_default_initialisation_draws_every_matrix_and_embedding_from_n_0_init_std():
+    model = tiny_model(d_model=64, vocab_size=4000, init_std=0.05)
+    assert model.config.init_method == "normal"
+    for name, weight in model.named_parameters():
+        if weight.dim() == 2:
+            rows = weight[1:] if "shared" in name else weight  # the padding row is zero
+            assert rows.std().item() == pytest.approx(0.05, rel=0.1), name
+
+
+@pytest.mark.parametrize("init_method", ["normal", "xavier"])
+def test_a_checkpoint_without_the_shared_embedding_loads_it_drawn_with_a_zero_padding_row(tmp_path, init_method):
+    model = tiny_model(init_method=init_method)
+    model.save_pretrained(tmp_path)
+    weights = load_file(tmp_path / "model.safetensors")
+    del weights["model.shared.weight"]
+    save_file(weights, tmp_path / "model.safetensors", metadata={"format": "pt"})
+    loaded = AutoModelForSeq2SeqLM.from_pretrained(tmp_path)
+    shared = loaded.model.shared.weight
+    assert loaded.lm_head.weight is shared
+    assert shared[loaded.config.pad_token_id].abs().max().item() == 0 and shared[1:].abs().max().item() > 0
+    torch.testing.assert_close(loaded.model.encoder.layers[0].ffn.fc1.weight,
+                               model.model.encoder.layers[0].ffn.fc1.weight, atol=0, rtol=0)
 
 
 def test_resizing_the_vocabulary_keeps_every_tie():

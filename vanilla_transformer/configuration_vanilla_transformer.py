@@ -32,6 +32,8 @@ PRESETS = {
                  label_smoothing=0.1),
 }
 
+INIT_METHODS = ("normal", "xavier")
+
 # §6.1: "beam search with a beam size of 4 and length penalty alpha = 0.6 [GNMT's] ... maximum output length
 # to input length + 50". `length_penalty_type` and `max_new_tokens_over_input` are read by the model's generate().
 PAPER_DECODING = dict(num_beams=4, length_penalty=0.6, length_penalty_type="gnmt", max_new_tokens_over_input=50)
@@ -75,7 +77,11 @@ class VanillaTransformerConfig(PreTrainedConfig):
     # §5.4's label smoothing, applied inside the model's loss so it works with any collator. 0 (plain
     # cross-entropy, what every transformers tool expects of a loss) unless asked for; the presets ask for 0.1.
     label_smoothing: float = 0.0
-    # Standard deviation of the normal initialisation of every weight matrix (the paper does not say).
+    # How a new model's weights are drawn; the paper does not say. "normal": N(0, init_std) for every matrix, the
+    # BART/Marian convention. "xavier": fairseq's (the toolkit of most published Transformer baselines): Xavier-uniform
+    # matrices, the attention's query, key and value projections at gain 1/sqrt(2), and embeddings N(0, d_model^-1/2),
+    # so that scaled by sqrt(d_model) (§3.4) they start at the unit variance of the positional encoding.
+    init_method: str = "normal"
     init_std: float = 0.02
     use_cache: bool = True
     is_encoder_decoder: bool = True
@@ -131,6 +137,8 @@ class VanillaTransformerConfig(PreTrainedConfig):
             raise ValueError(
                 f"Unknown `activation_function` {self.activation_function!r}; choose one of {sorted(ACT2FN)}."
             )
+        if self.init_method not in INIT_METHODS:
+            raise ValueError(f"Unknown `init_method` {self.init_method!r}; choose one of {list(INIT_METHODS)}.")
         if not isinstance(self.init_std, (int, float)) or self.init_std <= 0:
             raise ValueError(f"`init_std` must be a positive number, got {self.init_std!r}.")
         if not isinstance(self.layer_norm_eps, (int, float)) or self.layer_norm_eps <= 0:

@@ -89,6 +89,8 @@ class VanillaTransformerAttention(nn.Module):
         self.k_proj = nn.Linear(config.d_model, config.d_model)
         self.v_proj = nn.Linear(config.d_model, config.d_model)
         self.out_proj = nn.Linear(config.d_model, config.d_model)
+        for projection in (self.q_proj, self.k_proj, self.v_proj):
+            projection.xavier_gain = 2**-0.5  # fairseq's, for config.init_method "xavier"
 
     def _heads(self, x: torch.Tensor) -> torch.Tensor:
         # The head count is explicit so that an empty sequence (an ONNX step with nothing new to project) reshapes.
@@ -204,13 +206,23 @@ class VanillaTransformerPreTrainedModel(PreTrainedModel):
     _can_compile_fullgraph = True
 
     def _init_weights(self, module):
-        # The paper leaves initialisation open: N(0, init_std) everywhere, the BART/Marian convention.
+        # The paper leaves initialisation open: `config.init_method` chooses (the configuration says what each is).
+        xavier = self.config.init_method == "xavier"
+        embedding_std = self.config.d_model**-0.5 if xavier else self.config.init_std
         if isinstance(module, nn.Linear):
-            init.normal_(module.weight, mean=0.0, std=self.config.init_std)
+            if module is getattr(self, "lm_head", None):
+                # The output embedding (§3.4). Tied, it is the shared matrix, drawn below with its padding row zeroed;
+                # drawing it here too would undo that where the tie is made first (loading with weights missing).
+                if not self.config.tie_word_embeddings:
+                    init.normal_(module.weight, mean=0.0, std=embedding_std)
+            elif xavier:
+                init.xavier_uniform_(module.weight, gain=getattr(module, "xavier_gain", 1.0))
+            else:
+                init.normal_(module.weight, mean=0.0, std=self.config.init_std)
             if module.bias is not None:
                 init.zeros_(module.bias)
         elif isinstance(module, nn.Embedding):
-            init.normal_(module.weight, mean=0.0, std=self.config.init_std)
+            init.normal_(module.weight, mean=0.0, std=embedding_std)
             if module.padding_idx is not None and not getattr(module.weight, "_is_hf_initialized", False):
                 init.zeros_(module.weight[module.padding_idx])
         elif isinstance(module, nn.LayerNorm):
