@@ -78,9 +78,9 @@ class VanillaTransformerConfig(PreTrainedConfig):
     # cross-entropy, what every transformers tool expects of a loss) unless asked for; the presets ask for 0.1.
     label_smoothing: float = 0.0
     # How a new model's weights are drawn; the paper does not say. "normal": N(0, init_std) for every matrix, the
-    # BART/Marian convention. "xavier": fairseq's (the toolkit of most published Transformer baselines): Xavier-uniform
-    # matrices, the attention's query, key and value projections at gain 1/sqrt(2), and embeddings N(0, d_model^-1/2),
-    # so that scaled by sqrt(d_model) (§3.4) they start at the unit variance of the positional encoding.
+    # BART/Marian convention. "xavier": fairseq's: Xavier-uniform matrices, the attention's query, key and value
+    # projections at gain 1/sqrt(2), and embeddings N(0, d_model^-1/2), so that scaled by sqrt(d_model) (§3.4) they
+    # start at unit variance, the scale of the positional encoding's sines and cosines.
     init_method: str = "normal"
     init_std: float = 0.02
     use_cache: bool = True
