@@ -288,6 +288,8 @@ def test_wu_et_al_s_recipe_is_their_shape_batch_schedule_averaging_and_beam(corp
     # Their text is lowercased: the vocabulary lowercases what it reads, so the model reads and writes lowercase.
     tokenizer = AutoTokenizer.from_pretrained(output)
     assert tokenizer("Ein Mann").input_ids == tokenizer("ein mann").input_ids
+    # Their BPE is learnt on Moses tokens: no token joins punctuation to a word.
+    assert tokenizer.tokenize("ein mann.")[-1] == "."
     translations = (output / "validation_translations.txt").read_text(encoding="utf-8")
     assert translations == translations.lower()
     assert "multi30k_bleu" in saved["validation"]

@@ -113,6 +113,22 @@ def test_a_lowercasing_vocabulary_is_learnt_lowercased_and_lowercases_what_it_en
     assert reloaded.convert_ids_to_tokens([0, 1, 2, 3]) == ["<pad>", "<s>", "</s>", "<unk>"]
 
 
+def test_a_vocabulary_with_punctuation_split_off_has_no_token_joining_it_to_a_word(corpus, tmp_path):
+    src, tgt = corpus
+    text = "The dog's ball, (red) t-shirt... \"quoted\"; 5.5% & a/b!"
+    texts = src + tgt + ["Der Hund, der Ball.", "The dog's ball, the cat's (red) hat.", text] * 50
+    joined = train_shared_tokenizer(texts, vocab_size=400, show_progress=False)
+    splitting = train_shared_tokenizer(texts, vocab_size=400, show_progress=False, split_punctuation=True)
+    def joins(vocabulary):
+        return [t for t in vocabulary if any(c in ",.'()" for c in t) and any(c.isalnum() for c in t)]
+    assert joins(joined.get_vocab()) and not joins(splitting.get_vocab())
+    splitting.save_pretrained(tmp_path)
+    reloaded = AutoTokenizer.from_pretrained(tmp_path)
+    assert reloaded.tokenize("The dog's ball.") == splitting.tokenize("The dog's ball.")
+    assert {",", ".", "'", "("} <= set(reloaded.tokenize(text))
+    assert reloaded.decode(reloaded(text).input_ids, skip_special_tokens=True) == text
+
+
 def test_accepts_a_generator(corpus):
     tokenizer = train_shared_tokenizer((s for s in corpus[1]), vocab_size=300, show_progress=False)
     assert tokenizer.decode(tokenizer(corpus[1][0]).input_ids, skip_special_tokens=True) == corpus[1][0]

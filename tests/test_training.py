@@ -185,6 +185,8 @@ def test_early_stopping_ends_training_its_patience_after_the_best_evaluation(tmp
      "--average_last_checkpoints 3 needs --save_total_limit of at least 4 (with metric_for_best_model loss"),
     (["--lowercase", "--tokenizer_name_or_path", "somewhere"],
      "--lowercase trains the vocabulary on lowercased text, but --tokenizer_name_or_path somewhere gives one"),
+    (["--split_punctuation", "--model_name_or_path", "elsewhere"],
+     "--split_punctuation trains the vocabulary with punctuation split off, but --model_name_or_path elsewhere gives"),
 ])
 def test_early_stopping_and_lowercasing_are_refused_before_anything_is_written(tmp_path, flags, message):
     with pytest.raises(ValueError, match=re.escape(message)):

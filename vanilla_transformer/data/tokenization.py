@@ -14,12 +14,16 @@ SPECIAL_TOKENS = [PAD_TOKEN, BOS_TOKEN, EOS_TOKEN, UNK_TOKEN]
 METASPACE = "\u2581"
 
 
-def _build_backend(lowercase: bool = False) -> Tokenizer:
+def _build_backend(lowercase: bool = False, split_punctuation: bool = False) -> Tokenizer:
     tokenizer = Tokenizer(models.BPE(unk_token=UNK_TOKEN, fuse_unk=True))
     # NFC, not NFKC: NFKC would rewrite e.g. "½" or ligatures and break decode(encode(x)) == x.
     tokenizer.normalizer = normalizers.Sequence([normalizers.NFC(), normalizers.Lowercase()]) if lowercase \
         else normalizers.NFC()
-    tokenizer.pre_tokenizer = pre_tokenizers.Metaspace(replacement=METASPACE, prepend_scheme="always")
+    words = pre_tokenizers.Metaspace(replacement=METASPACE, prepend_scheme="always")
+    # Punctuation is split off after the words are marked, so it carries no space marker of its own and
+    # decoding still restores the text exactly: "▁dog." becomes "▁dog" "." rather than a token of its own.
+    tokenizer.pre_tokenizer = pre_tokenizers.Sequence([words, pre_tokenizers.Punctuation("isolated")]) \
+        if split_punctuation else words
     tokenizer.decoder = decoders.Metaspace(replacement=METASPACE, prepend_scheme="always")
     return tokenizer
 
@@ -54,11 +58,14 @@ def train_shared_tokenizer(
     show_progress: bool = True,
     num_texts: int | None = None,
     lowercase: bool = False,
+    split_punctuation: bool = False,
 ) -> PreTrainedTokenizerFast:
     """A shared BPE vocabulary of `vocab_size` tokens learnt from `texts`: strings, or batches (lists) of strings
     such as `corpora.sentence_batches` reads from a dataset's Arrow column; `num_texts` sizes the progress bar.
     With `lowercase` it is learnt from the lowercased text and lowercases all it encodes (a normalizer saved in
-    tokenizer.json), so a model trained with it reads and writes lowercase, as the Multi30k literature trains."""
+    tokenizer.json), so a model trained with it reads and writes lowercase, as the Multi30k literature trains.
+    With `split_punctuation` no token joins punctuation to a word ("street." is "street" and "."), as BPE learnt on
+    Moses-tokenized text has it; decoding still gives back the text exactly."""
     if vocab_size <= len(SPECIAL_TOKENS):
         raise ValueError(
             f"vocab_size={vocab_size} is too small: the {len(SPECIAL_TOKENS)} special tokens "
@@ -67,7 +74,7 @@ def train_shared_tokenizer(
     length = num_texts or (len(texts) if hasattr(texts, "__len__") else None)  # only feeds the progress bar
     iterator = _non_empty(texts)
 
-    backend = _build_backend(lowercase)
+    backend = _build_backend(lowercase, split_punctuation)
     trainer = trainers.BpeTrainer(
         vocab_size=vocab_size,
         min_frequency=min_frequency,

@@ -24,6 +24,9 @@ class ModelArguments:
         "help": "Train the shared BPE on lowercased text and lowercase all it encodes (a normalizer in "
                 "tokenizer.json): the model reads and writes lowercase, as the Multi30k literature trains. Its cased "
                 "sacreBLEU then counts every capital it does not write; the lowercased and Multi30k BLEU do not."})
+    split_punctuation: bool = field(default=False, metadata={
+        "help": "Train the shared BPE with punctuation split from words (no token such as 'street.'), as BPE learnt "
+                "on Moses-tokenized text has it; decoding still restores the text exactly."})
     attn_implementation: str | None = field(default=None, metadata={"help": "sdpa (default) | eager | ..."})
     license: str = field(default="apache-2.0", metadata={"help": "License written into the model card."})
 

@@ -95,9 +95,10 @@ def check_run_can_start(model_args: ModelArguments, recipe: RecipeArguments, arg
     parse_config_overrides(model_args.config_overrides)
     given = [f"--{name} {getattr(model_args, name)}" for name in ("tokenizer_name_or_path", "model_name_or_path")
              if getattr(model_args, name) is not None]
-    if model_args.lowercase and given:
-        raise ValueError(f"--lowercase trains the vocabulary on lowercased text, but {given[0]} gives one already "
-                         "trained (lowercasing or not as it was): drop --lowercase.")
+    for flag, what in (("lowercase", "on lowercased text"), ("split_punctuation", "with punctuation split off")):
+        if getattr(model_args, flag) and given:
+            raise ValueError(f"--{flag} trains the vocabulary {what}, but {given[0]} gives one already trained "
+                             f"(as it was): drop --{flag}.")
     check_recipe_fits_the_run(recipe, args)
     check_output_dir_is_free(args)
 
@@ -151,7 +152,8 @@ def build_tokenizer(model_args: ModelArguments, train_split, data: DataArguments
         languages = (data.source_lang, data.target_lang)
         tokenizer = [train_shared_tokenizer(sentence_batches(train_split, languages), vocab_size=model_args.vocab_size,
                                             model_max_length=max(data.max_source_length, data.max_target_length),
-                                            num_texts=2 * len(train_split), lowercase=model_args.lowercase)]
+                                            num_texts=2 * len(train_split), lowercase=model_args.lowercase,
+                                            split_punctuation=model_args.split_punctuation)]
     return broadcast_object_list(tokenizer, from_process=0)[0] if args.world_size > 1 else tokenizer[0]
 
 
