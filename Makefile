@@ -8,6 +8,7 @@ OLDEST := .venv-oldest
 OLDEST_TRANSFORMERS := transformers==5.23.0
 
 JS_CLIENT := scripts/transformers_js
+UPSTREAM_TESTS := tests/upstream/transformers_tests
 
 .PHONY: test test-newest test-oldest js-client demo bench clean
 
@@ -28,6 +29,10 @@ $(OLDEST)/.installed: setup.py
 
 test: test-newest test-oldest
 
+# transformers' own common model tests, from the source distribution of the transformers the environment holds.
+$(UPSTREAM_TESTS)/VERSION: $(VENV)/.installed tests/upstream/fetch.py
+	$(VENV)/bin/python tests/upstream/fetch.py
+
 # transformers.js, pinned by its lock file, for the tests that load our ONNX export in Node and Chromium. Its
 # install scripts only fetch GPU libraries; the CPU runtime ships in the package. Without npm those tests skip, saying so.
 js-client:
@@ -37,7 +42,7 @@ js-client:
 	    touch $(JS_CLIENT)/node_modules/.installed; fi; \
 	else echo "npm not found: the transformers.js tests will be skipped"; fi
 
-test-newest: $(VENV)/.installed js-client
+test-newest: $(VENV)/.installed $(UPSTREAM_TESTS)/VERSION js-client
 	$(VENV)/bin/python -m pytest tests -q
 
 test-oldest: $(OLDEST)/.installed
@@ -50,4 +55,4 @@ bench: $(VENV)/.installed
 	$(VENV)/bin/python -m scripts.benchmarks.benchmark
 
 clean:
-	rm -rf $(VENV) $(OLDEST) demo_output $(JS_CLIENT)/node_modules
+	rm -rf $(VENV) $(OLDEST) demo_output $(JS_CLIENT)/node_modules $(UPSTREAM_TESTS)

@@ -24,6 +24,6 @@ setup(
     # transformers moves its internals between minor releases: CI tests the oldest and newest we declare.
     install_requires=["torch>=2.6", "transformers>=5.23,<6", "safetensors>=0.8", "huggingface_hub>=1.31"],
     extras_require={"train": TRAIN, "ctranslate2": CTRANSLATE2, "onnx": ONNX,
-                    "dev": TRAIN + CTRANSLATE2 + ONNX + ["pytest>=8", "setuptools>=70.1"]},
+                    "dev": TRAIN + CTRANSLATE2 + ONNX + ["pytest>=8", "setuptools>=70.1", "parameterized"]},
     classifiers=["Programming Language :: Python :: 3", "Topic :: Scientific/Engineering :: Artificial Intelligence"],
 )

@@ -26,6 +26,8 @@ torch.set_num_threads(1)
 from vanilla_transformer import VanillaTransformerConfig, VanillaTransformerForConditionalGeneration  # noqa: E402
 
 VOCAB = 48
+# transformers' own test harness, fetched by tests/upstream/fetch.py: imported by test_transformers_common.py, not run.
+collect_ignore = ["upstream"]
 
 
 def tiny_config(**overrides) -> VanillaTransformerConfig:
