@@ -4,7 +4,6 @@ decoder's cache and of the encoder and decoder saved alone. The harness is the i
 fetched from its source distribution by tests/upstream/fetch.py (`make test` runs it; that file says what the
 source distribution leaves out)."""
 
-import copy
 import tempfile
 import unittest
 from pathlib import Path

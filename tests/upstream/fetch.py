@@ -74,9 +74,9 @@ def main():
         archive_path = sdist(version, Path(folder))
         sources = extract(archive_path, version)
     PACKAGE.mkdir(parents=True, exist_ok=True)
-    for folder in ("", "exporters", "generation", "utils"):
-        (PACKAGE / folder).mkdir(exist_ok=True)
-        (PACKAGE / folder / "__init__.py").write_text("")
+    for subpackage in ("", "exporters", "generation", "utils"):
+        (PACKAGE / subpackage).mkdir(exist_ok=True)
+        (PACKAGE / subpackage / "__init__.py").write_text("")
     for name, source in sources.items():
         (PACKAGE / name).write_bytes(source)
     for name, source in STAND_INS.items():
