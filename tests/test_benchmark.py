@@ -290,3 +290,10 @@ def test_every_report_table_keeps_its_columns_when_a_cell_holds_a_bar():
     assert all(len(re.split(r"(?<!\\)\|", line)) == 4 for line in lines)  # two cells between three bars
     with pytest.raises(ValueError, match=r"a table row has 1 cells for 2 columns: \['alone'\]"):
         markdown_table(["system", "identical"], [["alone"]])
+
+
+def test_a_report_prints_a_load_average_or_a_dash_where_the_platform_has_none():
+    from scripts.benchmarks.toolkit import format_load
+
+    assert format_load([1.234, 0.5, 0.0]) == "1.2/0.5/0.0"
+    assert format_load(None) == "–"

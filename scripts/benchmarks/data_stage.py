@@ -23,7 +23,7 @@ import sys
 import time
 from pathlib import Path
 
-from .toolkit import command_line, environment, markdown_table, multi30k_missing, write_report
+from .toolkit import command_line, environment, format_load, markdown_table, multi30k_missing, write_report
 
 ROOT = Path(__file__).resolve().parents[2]
 MULTI30K = ROOT.parent / "shared" / "data" / "multi30k"
@@ -87,7 +87,7 @@ def render(results: dict) -> str:
     return "\n".join([
         "# The data stage at WMT14's size", "",
         f"`{results['command']}` on {env['cpu']} ({env['cores_available']} cores), load average at the start "
-        f"{env['load_average_at_start']}. Each cell: seconds in that stage / peak RSS (MiB) so far.", "",
+        f"{format_load(env['load_average_at_start'])}. Each cell: seconds in that stage / peak RSS (MiB) so far.", "",
         *markdown_table(["pairs", "cache", *STAGES, "whole command", "peak RSS"], rows), ""])
 
 

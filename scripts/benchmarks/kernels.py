@@ -18,7 +18,8 @@ import torch.nn.functional as F
 from vanilla_transformer.data.corpora import available_cores
 from vanilla_transformer.modeling_vanilla_transformer import apply_dropout, label_smoothed_cross_entropy
 
-from .toolkit import command_line, environment, load_average, markdown_table, time_interleaved, write_report
+from .toolkit import (command_line, environment, format_load, load_average, markdown_table, time_interleaved,
+                      write_report)
 
 
 def compare_kernels(tokens: int, vocab_size: int, d_model: int, dropout: float, label_smoothing: float,
@@ -80,7 +81,7 @@ def main(argv=None) -> dict:
              f"`{results['command']}`: {args.tokens:,} tokens, vocabulary {args.vocab_size:,}, d_model {args.d_model}, "
              f"dropout {args.dropout:g}, label smoothing {args.label_smoothing:g}; medians of {args.repeats} "
              "interleaved repeats; load average (1/5/15 min) at the start and the end: "
-             + ", ".join("/".join(f"{v:.1f}" for v in load or []) for load in loads) + ".",
+             + ", ".join(format_load(load) for load in loads) + ".",
              "", *kernel_table(results["rows"]), ""]
     write_report(args.output, results, "\n".join(lines))
     print("\n".join(lines))

@@ -45,7 +45,7 @@ from vanilla_transformer.training.precision import native_bf16  # noqa: E402
 from vanilla_transformer.training.run import parse_config_overrides  # noqa: E402
 from vanilla_transformer.training.schedule import NoamLambda  # noqa: E402
 
-from .toolkit import (command_line, environment, load_average, load_multi30k, markdown_table,  # noqa: E402
+from .toolkit import (command_line, environment, format_load, load_average, load_multi30k, markdown_table,  # noqa: E402
                       multi30k_missing, shared_tokenizer_for, write_report)
 
 MODELS = ("ours", "marian")
@@ -272,8 +272,8 @@ of val, beam {s['num_beams']}, length penalty {s['length_penalty']} (|Y|^α), at
 
 BLEU(ours) − BLEU(Marian) = **{results['bleu_gap']:+.2f}** (target ≥ −0.3). sacreBLEU:
 `{runs['ours']['bleu_signature']}`. Wall time of the whole comparison: {results['wall_seconds'] / 60:.1f} min
-({together}), on {env['cpu']} ({env['cores_available']} cores available; 1-minute load average
-{env['load_average_at_start'][0]:.1f} at the start, {env['load_average_at_end'][0]:.1f} at the end).
+({together}), on {env['cpu']} ({env['cores_available']} cores available; load average (1/5/15 min)
+{format_load(env['load_average_at_start'])} at the start, {format_load(env['load_average_at_end'])} at the end).
 
 ![curves]({plot_name})
 """

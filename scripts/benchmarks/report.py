@@ -7,7 +7,7 @@ from pathlib import Path
 
 from .memory import MEMORY_RESOLUTION_MIB
 from .peers import NOISY_SPREAD
-from .toolkit import markdown_table, write_report
+from .toolkit import format_load, markdown_table, write_report
 from .workloads import SYSTEMS
 
 WORKLOADS = ("train", "greedy", "beam")
@@ -32,8 +32,7 @@ def render_markdown(results: dict) -> str:
 
 def _header(results: dict) -> list[str]:
     spec, env, parameters = results["spec"], results["environment"], results["parameters"]
-    loads = ["–" if not v else "/".join(f"{x:.1f}" for x in v)
-             for v in (env.get("load_average_at_start"), env.get("load_average_at_end"))]
+    loads = [format_load(env.get(key)) for key in ("load_average_at_start", "load_average_at_end")]
     return [f"# Benchmark: preset `{spec['preset']}` (vocabulary {spec['vocab_size']:,})", "",
             f"{env.get('gpu') or env['cpu']}, {env['torch_threads']} torch threads ({env['torch_interop_threads']} "
             f"inter-op), torch {env['torch']}, transformers {env['transformers']}; training in "

@@ -66,6 +66,11 @@ def load_average() -> list[float] | None:
     return list(os.getloadavg()) if hasattr(os, "getloadavg") else None
 
 
+def format_load(load: list[float] | None) -> str:
+    """A recorded load average (1/5/15 min) as a report prints it; "–" where the platform has none."""
+    return "/".join(f"{value:.1f}" for value in load) if load else "–"
+
+
 def environment(device: torch.device | str | None = None) -> dict:
     """Versions, processor or GPU, threads and how busy the machine was: what a reader needs to trust a time."""
     cpu = platform.processor() or platform.machine()
