@@ -174,6 +174,20 @@ def test_early_stopping_ends_training_its_patience_after_the_best_evaluation(tmp
     assert results["train"]["steps"] == stopping["best_step"] + 2 < 50
 
 
+def test_a_patience_of_0_given_after_a_recipes_trains_to_the_end(tmp_path):
+    # As `--recipe wu2021 --early_stopping_patience 0` reaches train.py: the recipe's patience, then the user's.
+    arguments = TINY_RUN + ["--output_dir", str(tmp_path / "run"), "--max_eval_samples", "4", "--eval_steps", "1",
+                            "--prediction_loss_only", "--metric_for_best_model", "loss", "--greater_is_better", "true",
+                            "--early_stopping_patience", "2", "--early_stopping_patience", "0"]
+    for flag, value in (("--eval_strategy", "steps"), ("--max_steps", "6")):
+        arguments[arguments.index(flag) + 1] = value
+    results = run(*parse(arguments))
+    assert results["train"]["steps"] == 6 and "early_stopping" not in results["train"]
+    with pytest.raises(ValueError, match=re.escape("--early_stopping_patience must be a non-negative int (0: off), "
+                                                   "got -1")):
+        parse(arguments + ["--early_stopping_patience", "-1"])
+
+
 @pytest.mark.parametrize("flags, message", [
     (["--early_stopping_patience", "3"], "--early_stopping_patience 3 counts evaluations, but --eval_strategy is no"),
     (["--early_stopping_patience", "3", "--eval_strategy", "epoch"],

@@ -110,7 +110,8 @@ class RecipeArguments:
     early_stopping_patience: int | None = field(default=None, metadata={
         "help": "Stop training once --metric_for_best_model has not improved for this many evaluations in a row "
                 "(transformers' EarlyStoppingCallback). fairseq's --patience is this with --eval_strategy epoch "
-                "--prediction_loss_only --metric_for_best_model loss: the validation loss after every epoch."})
+                "--prediction_loss_only --metric_for_best_model loss: the validation loss after every epoch. 0 turns "
+                "it off, e.g. to train a recipe that sets one to its budget."})
     lr_decay_minutes: float | None = field(default=None, metadata={
         "help": "With --max_train_minutes and the Noam schedule: over the budget's last this many minutes the "
                 "learning rate falls linearly to zero (the Noam rate times a ramp from 1 to 0, read from the "
@@ -120,8 +121,10 @@ class RecipeArguments:
         for name in ("pad_to_multiple_of", "tokens_per_step", "max_tokens_per_device", "average_last_checkpoints",
                      "max_tokens_per_batch", "noam_warmup_steps", "num_beams", "early_stopping_patience"):
             value = getattr(self, name)
-            if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 1):
-                raise ValueError(f"--{name} must be a positive int, got {value!r}.")
+            smallest = 0 if name == "early_stopping_patience" else 1
+            if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < smallest):
+                kind = "a non-negative int (0: off)" if smallest == 0 else "a positive int"
+                raise ValueError(f"--{name} must be {kind}, got {value!r}.")
         if not self.noam_factor > 0:
             raise ValueError(f"--noam_factor must be > 0, got {self.noam_factor!r}.")
         if not 0 <= self.token_dropout < 1:

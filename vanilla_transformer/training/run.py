@@ -294,7 +294,7 @@ def check_early_stopping(recipe: RecipeArguments, args: TranslationTrainingArgum
         raise ValueError(f"--metric_for_best_model {metric} is not computed with --prediction_loss_only (evaluation "
                          "computes the loss alone): use --metric_for_best_model loss, or drop --prediction_loss_only.")
     patience = recipe.early_stopping_patience
-    if patience is None:
+    if not patience:
         return
     if args.eval_strategy == "no":
         raise ValueError(f"--early_stopping_patience {patience} counts evaluations, but --eval_strategy is no: set "
