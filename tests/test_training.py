@@ -176,13 +176,14 @@ def test_early_stopping_ends_training_its_patience_after_the_best_evaluation(tmp
 
 def test_a_patience_of_0_given_after_a_recipes_trains_to_the_end(tmp_path):
     # As `--recipe wu2021 --early_stopping_patience 0` reaches train.py: the recipe's patience, then the user's.
+    # With higher loss counted better the best comes within the first steps, so a patience of 2 left on stops early.
     arguments = TINY_RUN + ["--output_dir", str(tmp_path / "run"), "--max_eval_samples", "4", "--eval_steps", "1",
                             "--prediction_loss_only", "--metric_for_best_model", "loss", "--greater_is_better", "true",
                             "--early_stopping_patience", "2", "--early_stopping_patience", "0"]
-    for flag, value in (("--eval_strategy", "steps"), ("--max_steps", "6")):
+    for flag, value in (("--eval_strategy", "steps"), ("--max_steps", "20")):
         arguments[arguments.index(flag) + 1] = value
     results = run(*parse(arguments))
-    assert results["train"]["steps"] == 6 and "early_stopping" not in results["train"]
+    assert results["train"]["steps"] == 20 and "early_stopping" not in results["train"]
     with pytest.raises(ValueError, match=re.escape("--early_stopping_patience must be a non-negative int (0: off), "
                                                    "got -1")):
         parse(arguments + ["--early_stopping_patience", "-1"])

@@ -118,12 +118,13 @@ class RecipeArguments:
                 "clock), so training ends annealed wherever the machine's speed has taken it."})
 
     def __post_init__(self):
-        for name in ("pad_to_multiple_of", "tokens_per_step", "max_tokens_per_device", "average_last_checkpoints",
-                     "max_tokens_per_batch", "noam_warmup_steps", "num_beams", "early_stopping_patience"):
+        counts = {name: (1, "a positive int") for name in (
+            "pad_to_multiple_of", "tokens_per_step", "max_tokens_per_device", "average_last_checkpoints",
+            "max_tokens_per_batch", "noam_warmup_steps", "num_beams")}
+        counts["early_stopping_patience"] = (0, "a non-negative int (0: off)")
+        for name, (smallest, kind) in counts.items():
             value = getattr(self, name)
-            smallest = 0 if name == "early_stopping_patience" else 1
             if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < smallest):
-                kind = "a non-negative int (0: off)" if smallest == 0 else "a positive int"
                 raise ValueError(f"--{name} must be {kind}, got {value!r}.")
         if not self.noam_factor > 0:
             raise ValueError(f"--noam_factor must be > 0, got {self.noam_factor!r}.")
