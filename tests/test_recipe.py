@@ -265,7 +265,7 @@ def test_wu_et_al_s_recipe_is_their_shape_batch_schedule_averaging_and_beam(corp
     config = model.config
     assert (config.d_model, config.encoder_layers, config.decoder_layers, config.encoder_ffn_dim,
             config.encoder_attention_heads, config.dropout, config.label_smoothing, config.init_method) == (
-        128, 4, 4, 256, 4, 0.3, 0.1, "normal")
+        128, 4, 4, 256, 4, 0.3, 0.1, "xavier")
     assert model.get_input_embeddings().weight is model.get_output_embeddings().weight  # all embeddings shared
     decoding = model.generation_config
     assert (decoding.num_beams, decoding.length_penalty, decoding.length_penalty_type) == (5, 1.0, "hf")

@@ -52,14 +52,14 @@ RECIPE = dict(preset="small", vocab_size=6000, max_tokens_per_batch=2000, noam_w
 # 8,192 tokens an update (--max-tokens 4096 on 2 GPUs: 2 accumulated batches of 4,096 here); Adam (0.9, 0.98), eps
 # 1e-8; inverse_sqrt, lr 0.005, 2,000 warmup updates; clip-norm 25; dropout 0.3, label smoothing 0.1; 8,000 updates,
 # or fewer where the validation loss, taken after every epoch, has not improved for 10 (--patience 10); the last 10
-# epoch checkpoints averaged; beam 5 with fairseq's length normalisation (|Y|^1). Not their initialisation (the
-# model's default, not init_method=xavier: the README says what it measured). Eager attention: with no attention
-# dropout, SDPA picks a CPU kernel measured slower at these shapes (scripts/recipes/README.md); the same mathematics.
+# epoch checkpoints averaged; beam 5 with fairseq's length normalisation (|Y|^1); their initialisation
+# (init_method=xavier). Eager attention: with no attention dropout, SDPA picks a CPU kernel measured slower at these
+# shapes (scripts/recipes/README.md); the same mathematics.
 WU2021 = dict(preset="small", vocab_size=10000, max_tokens_per_batch=4096, minutes=150, max_steps=8000,
               average_last_checkpoints=10, patience=10, lowercase=True, split_punctuation=True, length_penalty=1.0,
               config_overrides="d_model=128,encoder_layers=4,decoder_layers=4,encoder_ffn_dim=256,decoder_ffn_dim=256,"
                                "encoder_attention_heads=4,decoder_attention_heads=4,dropout=0.3,attention_dropout=0.0,"
-                               "activation_dropout=0.0",
+                               "activation_dropout=0.0,init_method=xavier",
               schedule=["--attn_implementation", "eager", "--lr_scheduler_type", "inverse_sqrt", "--learning_rate", "0.005", "--warmup_steps", "2000",
                         "--adam_epsilon", "1e-8", "--max_grad_norm", "25", "--gradient_accumulation_steps", "2",
                         "--save_strategy", "epoch", "--num_beams", "5", "--length_penalty_type", "hf"])
