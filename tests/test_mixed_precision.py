@@ -62,7 +62,7 @@ def test_bf16_autocast_training_step_is_finite_and_close_to_fp32(impl):
     reference, reference_grads = _loss_and_grads(model, batch, autocast=False)
     out, grads = _loss_and_grads(model, batch, autocast=True)
     assert out.logits.dtype == BF16  # autocast really ran the projections in bf16
-    assert out.loss.dtype == torch.float32  # the loss is computed from logits.float()
+    assert out.loss.dtype == torch.float32  # the loss casts the logits to float32 (block by block)
     assert torch.isfinite(out.loss) and torch.isfinite(grads).all()
     assert out.loss.item() == pytest.approx(reference.loss.item(), rel=1e-2)
     relative_error = ((grads - reference_grads).norm() / reference_grads.norm()).item()

@@ -141,7 +141,10 @@ def check_labels(labels, vocab_size: int, training: bool, *, input_ids, inputs_e
                          f"{tuple(target[1].shape)}: one label per decoder position.")
 
 
-# §5.4 loss and dropout: kernels measured faster than torch's on CPUs -----------------------------------------------
+# §5.4 loss and dropout kernels -------------------------------------------------------------------------------------
+# Timed against F.cross_entropy(label_smoothing=) and F.dropout, forward and backward, on a 2-core CPU
+# (scripts/benchmarks/results/kernels_cpu.md): the loss ran 1.51x torch's speed in float32 and 2.93x in bf16, the
+# dropout level with torch's (0.98x, 1.05x).
 
 class _SmoothedCrossEntropySum(torch.autograd.Function):
     """Summed label-smoothed cross-entropy whose gradient is formed in one pass: softmax minus the smoothed target,

@@ -34,8 +34,8 @@ from vanilla_transformer.tools.onnx import export_onnx  # noqa: E402
 from vanilla_transformer.tools.translation import GenerateTranslator  # noqa: E402
 from vanilla_transformer.training.metrics import corpus_scores  # noqa: E402
 
-from .toolkit import (command_line, environment, load_multi30k, markdown_table, multi30k_missing,  # noqa: E402
-                      time_interleaved, write_report)
+from .toolkit import (command_line, cpu_slug, describe_cpu, environment, load_multi30k, markdown_table,  # noqa: E402
+                      multi30k_missing, time_interleaved, write_report)
 
 ROOT = Path(__file__).resolve().parents[2]
 CLIENT = ROOT / "scripts" / "transformers_js"
@@ -162,7 +162,9 @@ def main(argv=None):
     parser.add_argument("--demo_model", default="demo_output/model")
     parser.add_argument("--model", default="runs/multi30k")
     parser.add_argument("--data_dir", default="../shared/data/multi30k")
-    parser.add_argument("--output", default="scripts/benchmarks/results/engines")
+    parser.add_argument("--output", default=None,
+                        help="Report path without extension (default: scripts/benchmarks/results/engines_<cpu>, "
+                             "since the engines' speed-ups differ by processor).")
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--speed_sentences", type=int, default=256)
     parser.add_argument("--threads", type=int, default=2)
@@ -193,7 +195,8 @@ def main(argv=None):
     for model in results["models"].values():
         model.pop("greedy_generate")
     command = command_line("engines", argv)
-    paths = write_report(args.output, {"command": command, **results}, render(results, command))
+    output = args.output or f"scripts/benchmarks/results/engines_{cpu_slug(results['environment'])}"
+    paths = write_report(output, {"command": command, **results}, render(results, command))
     print(paths["md"].read_text())
     shutil.rmtree(work, ignore_errors=True)
     return results
@@ -202,7 +205,7 @@ def main(argv=None):
 def render(results, command):
     env, s = results["environment"], results["speed"]
     lines = ["# Engines: generate(), onnxruntime, CTranslate2, transformers.js", "", f"`{command}`", "",
-             f"{env['cpu']}, torch {env['torch']}.", "",
+             f"{describe_cpu(env)}, commit {env.get('commit')}, torch {env['torch']}.", "",
              f"## Speed: {s['sentences']} {s['model']} sentences in batches of {s['batch_size']}, {s['threads']} "
              f"threads, each system to its own end, timed in a fresh process of its own ({s['processes']} "
              "processes)", "",

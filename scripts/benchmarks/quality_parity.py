@@ -45,8 +45,8 @@ from vanilla_transformer.training.precision import native_bf16  # noqa: E402
 from vanilla_transformer.training.run import parse_config_overrides  # noqa: E402
 from vanilla_transformer.training.schedule import NoamLambda  # noqa: E402
 
-from .toolkit import (command_line, environment, format_load, load_average, load_multi30k, markdown_table,  # noqa: E402
-                      multi30k_missing, shared_tokenizer_for, write_report)
+from .toolkit import (command_line, describe_cpu, environment, format_load, load_average, load_multi30k,  # noqa: E402
+                      markdown_table, multi30k_missing, shared_tokenizer_for, write_report)
 
 MODELS = ("ours", "marian")
 PRECISIONS = ("auto", "bf16", "fp32")
@@ -245,7 +245,7 @@ def plot_parity(results: dict, path) -> Path:
 
 
 def render_report(results: dict, command: str, plot_name: str) -> str:
-    s, runs, env = results["settings"], results["runs"], results["environment"]
+    s, runs, env = results["settings"], results["runs"], results.get("environment")
     rows = "\n".join(markdown_table(
         ["run", "class", "parameters", "steps", "epochs", "train loss", "last val loss", "BLEU", "chrF", "train min",
          "decode min"],
@@ -272,11 +272,18 @@ of val, beam {s['num_beams']}, length penalty {s['length_penalty']} (|Y|^α), at
 
 BLEU(ours) − BLEU(Marian) = **{results['bleu_gap']:+.2f}** (target ≥ −0.3). sacreBLEU:
 `{runs['ours']['bleu_signature']}`. Wall time of the whole comparison: {results['wall_seconds'] / 60:.1f} min
-({together}), on {env['cpu']} ({env['cores_available']} cores available; load average (1/5/15 min)
-{format_load(env['load_average_at_start'])} at the start, {format_load(env['load_average_at_end'])} at the end).
+({together}), {_machine(env)}.
 
 ![curves]({plot_name})
 """
+
+
+def _machine(env: dict | None) -> str:
+    if env is None:  # the first run recorded no environment
+        return "on a machine the run did not record"
+    return (f"on {describe_cpu(env)} ({env['cores_available']} cores available; load average (1/5/15 min) "
+            f"{format_load(env['load_average_at_start'])} at the start, {format_load(env.get('load_average_at_end'))} "
+            "at the end)")
 
 
 def _last_eval_loss(run: dict) -> float:

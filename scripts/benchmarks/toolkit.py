@@ -13,6 +13,7 @@ import os
 import platform
 import shlex
 import statistics
+import subprocess
 import sys
 import time
 from collections.abc import Callable
@@ -71,16 +72,57 @@ def format_load(load: list[float] | None) -> str:
     return "/".join(f"{value:.1f}" for value in load) if load else "–"
 
 
-def environment(device: torch.device | str | None = None) -> dict:
-    """Versions, processor or GPU, threads and how busy the machine was: what a reader needs to trust a time."""
-    cpu = platform.processor() or platform.machine()
+# The instruction sets that decide how fast bf16 and int8 run on a CPU: engine speed-ups differ by them.
+CPU_FLAGS_THAT_MATTER = ("avx2", "avx512f", "avx512_bf16", "avx512_vnni", "amx_bf16", "amx_int8")
+
+
+def cpu_description() -> tuple[str, list[str]]:
+    """The processor's model name and which of `CPU_FLAGS_THAT_MATTER` it has (Linux; elsewhere the platform's name
+    and no flags)."""
+    cpu, flags = platform.processor() or platform.machine(), []
     try:
-        with open("/proc/cpuinfo") as info:
-            cpu = next(line.split(":", 1)[1].strip() for line in info if line.startswith("model name"))
-    except (OSError, StopIteration):
-        pass
+        lines = Path("/proc/cpuinfo").read_text().splitlines()
+    except OSError:
+        return cpu, flags
+    fields = dict(line.split(":", 1) for line in lines if ":" in line)
+    fields = {key.strip(): value.strip() for key, value in fields.items()}
+    present = set(fields.get("flags", "").split())
+    return fields.get("model name", cpu), [flag for flag in CPU_FLAGS_THAT_MATTER if flag in present]
+
+
+def describe_cpu(environment: dict) -> str:
+    """The processor as a report names it: model and the flags that matter, e.g. "AMD EPYC (avx2, avx512f)"."""
+    flags = environment.get("cpu_flags")
+    if flags is None:  # recorded before the flags were
+        return environment["cpu"]
+    return f"{environment['cpu']} ({', '.join(flags) or 'none of ' + ', '.join(CPU_FLAGS_THAT_MATTER)})"
+
+
+def cpu_slug(environment: dict) -> str:
+    """A file-name part naming the CPU a report was measured on, e.g. "intel_xeon" or "amd_epyc"."""
+    words = [word for word in environment["cpu"].replace("(R)", "").split() if word.isalpha()]
+    return "_".join(words[:2]).lower() or "cpu"
+
+
+def git_commit() -> str | None:
+    """The commit the measured code is at, with "+" when the work tree had changes; None outside a clone."""
+    root = Path(__file__).resolve().parents[2]
+    try:
+        head = subprocess.run(["git", "-C", str(root), "rev-parse", "--short=7", "HEAD"], capture_output=True,
+                              text=True, check=True).stdout.strip()
+        dirty = subprocess.run(["git", "-C", str(root), "status", "--porcelain", "--untracked-files=no"],
+                               capture_output=True, text=True, check=True).stdout.strip()
+    except (OSError, subprocess.CalledProcessError):
+        return None
+    return head + ("+" if dirty else "")
+
+
+def environment(device: torch.device | str | None = None) -> dict:
+    """Versions, commit, processor (and the flags that set its bf16 and int8 speed) or GPU, threads and how busy the
+    machine was: what a reader needs to trust a time."""
+    cpu, cpu_flags = cpu_description()
     info = {"python": platform.python_version(), "torch": torch.__version__, "cuda_build": torch.version.cuda,
-            "transformers": transformers.__version__, "cpu": cpu,
+            "transformers": transformers.__version__, "commit": git_commit(), "cpu": cpu, "cpu_flags": cpu_flags,
             "cores_available": available_cores(),
             "torch_threads": torch.get_num_threads(), "torch_interop_threads": torch.get_num_interop_threads(),
             "omp_wait_policy": os.environ.get("OMP_WAIT_POLICY"), "load_average_at_start": load_average()}

@@ -72,7 +72,7 @@ class RecipeArguments:
     pad_to_multiple_of: int = field(default=1, metadata={
         "help": "Pad every batch's source and target length up to a multiple of this (1: to the longest only). "
                 "--max_tokens_per_batch counts this padding, so a multiple above 1 puts fewer real tokens in each "
-                "batch (8 on Multi30k: 16% fewer); it gives a compiled model (--torch_compile) fewer distinct shapes."})
+                "batch; it gives a compiled model (--torch_compile) fewer distinct shapes."})
 
     tokens_per_step: int | None = field(default=None, metadata={
         "help": "§5.1 batch size in real tokens per optimizer step over all processes (the paper: 25000), the mean "

@@ -11,7 +11,7 @@ exported with `torch.onnx.export`; what the layout asks of them, and how they me
   and none later, so later steps reuse the first step's `present.*.encoder.*` without recomputing them.
 - Positions: the interleaved sinusoids are computed in the graph from the past length, so no length is capped.
 - `config.json` declares `model_type` "marian": transformers.js ships no model of ours, and a Marian model of the
-  same sizes computes exactly a post-LN model's function (`conversion.state_dict_to_marian`); transformers.js
+  same sizes computes exactly a post-LN model's function (`tools.marian.state_dict_to_marian`); transformers.js
   reads only the sizes and special ids from it.
 - Decoding: the graphs give logits; `runtime.OnnxTranslator` runs greedy or beam search over them with the
   model's saved settings (the paper's GNMT length penalty included), as `generate()` does.
