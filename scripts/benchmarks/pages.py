@@ -19,6 +19,8 @@ import sys
 from collections.abc import Callable
 from pathlib import Path
 
+from .recipe_tables import RECIPE_BLOCKS, load_recipes
+
 ROOT = Path(__file__).resolve().parents[2]
 RESULTS = ROOT / "scripts" / "benchmarks" / "results"
 PAGES = ("README.md", "scripts/recipes/README.md", "scripts/benchmarks/README.md", "scripts/accelerate/README.md",
@@ -64,6 +66,10 @@ def shipped_run(recipes: dict, recipe: str) -> dict:
     return next(run for run in recipes["runs"] if run["id"] == wanted)
 
 
+def _run_machine(run: dict) -> str:
+    return f"{run['cpu']} ({run['cpu_flags'].replace(' ', ', ')}; {run['precision']})"
+
+
 def speedup(report: dict, decoding: str, system: str) -> str:
     return f"{report['speed']['rows'][decoding][system]['speed_vs_generate']:.2f}×"
 
@@ -79,19 +85,19 @@ def glance(results: Path = RESULTS) -> str:
     rows = [
         ["Multi30k test2016, the literature's BLEU", f"**{wu['scores']['test2016']['multi30k_bleu']:.2f}**",
          f"{literature['test2016']:.2f}, Wu et al. (2021) on {literature['hardware']}",
-         f"`--recipe wu2021`, {wu['command_minutes']:.0f} CPU minutes",
-         "[recipes](scripts/recipes/README.md#multi30k-englishgerman-on-a-cpu)"],
+         f"`--recipe wu2021`, {wu['command_minutes']:.0f} min on {_run_machine(wu)}",
+         "[recipes](scripts/recipes/README.md#like-for-like-with-the-literature-wu-et-al-2021s-transformer-tiny)"],
         ["Multi30k validation sacreBLEU in an hour", f"{hour['scores']['validation']['sacrebleu']:.2f}",
-         "–", f"the default recipe, {hour['command_minutes']:.0f} CPU minutes",
-         "[recipes](scripts/recipes/README.md#multi30k-englishgerman-on-a-cpu)"],
+         "–", f"the default recipe, {hour['command_minutes']:.0f} min on {_run_machine(hour)}",
+         "[recipes](scripts/recipes/README.md#the-hours-recipe-the-default)"],
         ["BLEU against `MarianMTModel`, same shape and training", f"{sum(gaps) / len(gaps):+.2f} (mean of "
          f"{len(gaps)} seeds)", "0: level", "`python -m scripts.benchmarks.quality_parity`",
          "[parity](scripts/benchmarks/README.md#quality-parity-with-marianmtmodel)"],
         ["training step against `MarianMTModel`", f"{ratios['train_speed_vs_marian']:.2f}× speed, "
          f"{ratios['train_memory_vs_marian']:.2f}× memory", "1.00×", f"`make bench`, {cpu_name(bench['environment'])}",
-         "[speed](#speed)"],
+         "[report](scripts/benchmarks/README.md#the-peer-benchmark-cpu)"],
         ["beam 4 against `MarianMTModel`", f"{ratios['beam_speed_vs_marian']:.2f}×", "1.00×",
-         f"`make bench`, {cpu_name(bench['environment'])}", "[speed](#speed)"],
+         f"`make bench`, {cpu_name(bench['environment'])}", "[report](scripts/benchmarks/README.md#the-peer-benchmark-cpu)"],
         *[[f"CTranslate2 int8, beam 4, against `generate()`", speedup(report, "beam 4", "ctranslate2 int8"), "1.00×",
            f"`python -m scripts.benchmarks.engines`, {cpu_name(report['environment'])}", "[engines](#deploy)"]
           for report in engines],
@@ -130,38 +136,93 @@ def _slug(report: dict) -> str:
     return cpu_slug(report["environment"])
 
 
-def speed(results: Path = RESULTS) -> str:
+# ---------------------------------------------------------------------------------------------- the performance report
+def peer_benchmark(results: Path = RESULTS) -> str:
     bench = load("results_small", results)
-    r, paired = bench["ratios"], bench["paired_ratios"]
+    r, paired, memory = bench["ratios"], bench["paired_ratios"], bench["ratios"]
 
-    def ms(workload, system="ours"):
+    def ms(workload, system):
         return f"{bench[workload]['systems'][system]['median_s'] * 1000:,.0f} ms"
 
     def against_marian(workload):
         p = paired[f"{workload}_speed_vs_marian"]
         return f"{r[f'{workload}_speed_vs_marian']:.2f}× ({p['q1']:.2f}–{p['q3']:.2f}×)"
 
-    compiled = bench.get("train_compiled")
-    rows = [[f"training step, {bench['train']['shape']['batch']} padded pairs", ms("train"), against_marian("train"),
-             "–"]]
-    if compiled:
-        rows.append(["the same, both under `torch.compile`",
-                     f"{compiled['systems']['ours_compiled']['median_s'] * 1000:,.0f} ms",
-                     f"{compiled['compiled_speed_vs_marian_compiled']:.2f}×", "–"])
+    shape = bench["train"]["shape"]
+    rows = [[f"training step, {shape['batch']} padded pairs (≤ {shape['source']} × {shape['target']})",
+             ms("train", "ours"), ms("train", "marian"), against_marian("train"), "–", "–"]]
+    if compiled := bench.get("train_compiled"):
+        c = compiled["systems"]
+        rows.append([f"the same step under `torch.compile` ({compiled['backend']})",
+                     f"{c['ours_compiled']['median_s'] * 1000:,.0f} ms", f"{c['marian_compiled']['median_s'] * 1000:,.0f} ms",
+                     f"{compiled['compiled_speed_vs_marian_compiled']:.2f}×", "–", "–"])
     for workload, label in (("greedy", "greedy"), ("beam", f"beam {bench['beam']['num_beams']}")):
         w = bench[workload]
-        rows.append([f"{label}, {w['new_tokens']} tokens × {w['batch']} sentences", ms(workload),
-                     against_marian(workload), f"{r[f'{workload}_speed_vs_uncached']:.2f}×"])
-    rows.append(["peak memory, training / beam", "", f"{r['train_memory_vs_marian']:.2f}× / "
-                 f"{r['beam_memory_vs_marian']:.2f}×", ""])
-    return (f"`make bench` on {cpu_name(bench['environment'])}, float32, {bench['environment']['torch_threads']} "
-            f"threads, medians of {bench['spec']['repeats']} interleaved repeats "
-            f"([report](scripts/benchmarks/results/results_small.md)):\n\n"
-            + table(["workload", "ours", "ours / Marian (paired quartiles)", "ours / no cache"], rows))
+        rows.append([f"{label}, {w['new_tokens']} tokens × {w['batch']} sentences", ms(workload, "ours"),
+                     ms(workload, "marian"), against_marian(workload), ms(workload, "uncached"),
+                     f"{r[f'{workload}_speed_vs_uncached']:.2f}×"])
+    rows.append(["peak memory: training / greedy / beam", "", "", " / ".join(
+        f"{memory[f'{w}_memory_vs_marian']:.2f}×" for w in ("train", "greedy", "beam")), "", ""])
+    return table(["workload", "ours", "Marian", "ours / Marian (paired quartiles)", "ours, no cache",
+                  "ours / no cache"], rows)
+
+
+def engines_report(results: Path = RESULTS) -> str:
+    header = ["CPU", "decoding", "`generate()`", *ENGINE_SYSTEMS]
+    rows = []
+    for report in engine_reports(results):
+        cpu, speed_rows = cpu_name(report["environment"]), report["speed"]["rows"]
+        for decoding in ("greedy", "beam 4"):
+            row = speed_rows[decoding]
+            rows.append([cpu, f"{decoding}, sentences/s", f"{row['generate()']['sentences_per_s']:.1f}",
+                         *(f"{row[s]['sentences_per_s']:.1f} ({speedup(report, decoding, s)})" for s in ENGINE_SYSTEMS)])
+        model = report["models"][report["speed"]["model"]]
+        rows.append([cpu, f"BLEU, all {model['sentences']:,} sentences, beam as saved",
+                     *(f"{model['bleu'][f'{name}, as saved']:.2f}" for name in ("generate()", *ENGINE_SYSTEMS))])
+    return table(header, rows)
+
+
+def data_stage_table(results: Path = RESULTS) -> str:
+    stage = load("data_stage", results)
+    stages = ("read", "vocabulary", "tokenize", "plan", "first_step")
+    rows = []
+    for size in stage["sizes"]:
+        for cache in ("cold", "warm"):
+            run = size[cache]
+            bold = "**" if size is stage["sizes"][-1] else ""
+            rows.append([f"{size['pairs']:,}", cache,
+                         *(f"{run['stages'][s]['seconds']:.1f} s / {run['stages'][s]['peak_rss_mib']:,}" for s in stages),
+                         f"{bold}{run['seconds'] / 60:.2f} min{bold}", f"{bold}{run['peak_rss_mib']:,} MiB{bold}"])
+    return table(["pairs", "cache", "read", "vocabulary", "tokenize", "plan", "first step", "whole command",
+                  "peak RSS"], rows)
+
+
+def parity_table(results: Path = RESULTS) -> str:
+    rows = []
+    for run in parity_runs(results):
+        seed = run["settings"]["seed"]
+        for kind, name in (("ours", "ours"), ("marian", "MarianMTModel")):
+            losses = {entry["step"]: entry["eval_loss"] for entry in run["runs"][kind]["log_history"]
+                      if "eval_loss" in entry}
+            rows.append([name + (f", `--seed {seed}`" if seed else ""),
+                         " / ".join(f"{losses[step]:.3f}" for step in (4000, 6000, max(losses))),
+                         f"{run['runs'][kind]['bleu']:.2f}", f"{run['runs'][kind]['chrf']:.2f}"])
+    return table(["", "validation loss at 4,000 / 6,000 / last step", "BLEU", "chrF"], rows)
+
+
+def kernels_table(results: Path = RESULTS) -> str:
+    kernels = load("kernels_cpu", results)
+    rows = [[kernel, row["dtype"], f"{row[f'{kernel}_ours_ms']:.1f} ms", f"{row[f'{kernel}_torch_ms']:.1f} ms",
+             f"{row[f'{kernel}_torch_ms'] / row[f'{kernel}_ours_ms']:.2f}×"]
+            for kernel in ("loss", "dropout") for row in kernels["rows"]]
+    return table(["kernel (forward + backward)", "dtype", "ours", "torch", "torch / ours"], rows)
 
 
 BLOCKS: dict[str, Callable[[Path], str]] = {
-    "glance": glance, "demo_output": demo_output, "engines": engines, "speed": speed,
+    "glance": glance, "demo_output": demo_output, "engines": engines,
+    "peer_benchmark": peer_benchmark, "engines_report": engines_report, "data_stage": data_stage_table,
+    "parity": parity_table, "kernels": kernels_table,
+    **{name: (lambda results, block=block: block(load_recipes(results))) for name, block in RECIPE_BLOCKS.items()},
 }
 
 
@@ -299,11 +360,13 @@ def _help_flags(script: str, root: Path) -> set[str]:
     import contextlib
     import io
     import runpy
+    import warnings
 
     out, argv = io.StringIO(), sys.argv
     sys.argv = [script, "--help"]
     try:
-        with contextlib.redirect_stdout(out), contextlib.suppress(SystemExit):
+        with contextlib.redirect_stdout(out), contextlib.suppress(SystemExit), warnings.catch_warnings():
+            warnings.simplefilter("ignore", RuntimeWarning)  # runpy: the module was imported before, as here
             runpy.run_module(script.removesuffix(".py").replace("/", "."), run_name="__main__")
     finally:
         sys.argv = argv
