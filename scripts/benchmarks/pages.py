@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import re
 import sys
 from collections.abc import Callable
@@ -93,12 +94,11 @@ def glance(results: Path = RESULTS) -> str:
         ["BLEU against `MarianMTModel`, same shape and training", f"{sum(gaps) / len(gaps):+.2f} (mean of "
          f"{len(gaps)} seeds)", "0: level", "`python -m scripts.benchmarks.quality_parity`",
          "[parity](scripts/benchmarks/README.md#quality-parity-with-marianmtmodel)"],
-        ["training step against `MarianMTModel`", f"{ratios['train_speed_vs_marian']:.2f}× speed, "
-         f"{ratios['train_memory_vs_marian']:.2f}× memory", "1.00×", f"`make bench`, {cpu_name(bench['environment'])}",
+        ["`MarianMTModel` of the same shape", f"training {ratios['train_speed_vs_marian']:.2f}×, beam 4 "
+         f"{ratios['beam_speed_vs_marian']:.2f}×; memory {ratios['train_memory_vs_marian']:.2f}×", "1.00×",
+         f"`make bench`, {cpu_name(bench['environment'])}",
          "[report](scripts/benchmarks/README.md#the-peer-benchmark-cpu)"],
-        ["beam 4 against `MarianMTModel`", f"{ratios['beam_speed_vs_marian']:.2f}×", "1.00×",
-         f"`make bench`, {cpu_name(bench['environment'])}", "[report](scripts/benchmarks/README.md#the-peer-benchmark-cpu)"],
-        *[[f"CTranslate2 int8, beam 4, against `generate()`", speedup(report, "beam 4", "ctranslate2 int8"), "1.00×",
+        *[["CTranslate2 int8, beam 4, against `generate()`", speedup(report, "beam 4", "ctranslate2 int8"), "1.00×",
            f"`python -m scripts.benchmarks.engines`, {cpu_name(report['environment'])}", "[engines](#deploy)"]
           for report in engines],
     ]
@@ -111,29 +111,49 @@ def demo_output(results: Path = RESULTS) -> str:
                        for ex in demo["examples"][:1])
     return (f"On {cpu_name(demo['environment'])}, `make demo` printed:\n\n```\n"
             f"BLEU on the built-in test split ({demo['num_sentences']} sentences, beam 4): {demo['bleu']:.2f}   "
-            f"chrF: {demo['chrf']:.2f}\nsacreBLEU signature: {demo['signature']}\n{examples}\n"
+            f"chrF: {demo['chrf']:.2f}\n{examples}"
             f"Reloaded with AutoModelForSeq2SeqLM: {demo['reload_identical']} translations identical to the trained "
             f"model.\nTotal time: {demo['minutes']:.1f} min\n```\n")
 
 
 def engines(results: Path = RESULTS) -> str:
     reports = engine_reports(results)
-    header = ["decoding", "CPU", "`generate()`, sentences/s", *(f"{system}" for system in ENGINE_SYSTEMS)]
+    header = ["decoding", "CPU (its report)", "`generate()`, sentences/s", *ENGINE_SYSTEMS]
     rows = []
     for decoding in ("greedy", "beam 4"):
         for report in reports:
             row = report["speed"]["rows"][decoding]
-            rows.append([decoding, cpu_name(report["environment"]), f"{row['generate()']['sentences_per_s']:.1f}",
+            cpu = f"[{cpu_name(report['environment'])}](scripts/benchmarks/results/engines_{_slug(report)}.md)"
+            rows.append([decoding, cpu, f"{row['generate()']['sentences_per_s']:.1f}",
                          *(speedup(report, decoding, system) for system in ENGINE_SYSTEMS)])
-    links = ", ".join(f"[{cpu_name(report['environment'])}](scripts/benchmarks/results/engines_{_slug(report)}.md)"
-                      for report in reports)
-    return table(header, rows) + f"\nEach report also gives BLEU and identity with `generate()`: {links}.\n"
+    return table(header, rows)
 
 
 def _slug(report: dict) -> str:
     from .toolkit import cpu_slug
 
     return cpu_slug(report["environment"])
+
+
+def serving_reports(results: Path = RESULTS) -> list[dict]:
+    return [json.loads(path.read_text(encoding="utf-8")) for path in sorted(results.glob("serving_*.json"))]
+
+
+def serving(results: Path = RESULTS) -> str:
+    """Each server at 32 clients against its engine alone, and its p99 at one client against one translate call."""
+    rows = []
+    for report in serving_reports(results):
+        for name, server in report["servers"].items():
+            if name.endswith("batching off") and "generate()" in name:
+                continue  # in the report
+            alone = report["engines"][server["engine"]]
+            level = {level["clients"]: level for level in server["levels"]}
+            rows.append([name, f"{level[32]['sentences_per_s']:.1f}",
+                         f"{level[32]['sentences_per_s'] / alone['batched_sentences_per_s']:.0%}",
+                         f"{level[1]['p99_ms']:,.0f} ms ({level[1]['p99_ms'] / alone['single_p50_ms']:.1f}×)",
+                         f"[{cpu_name(report['environment'])}](scripts/benchmarks/results/serving_{_slug(report)}.md)"])
+    return table(["server", "32 clients, sentences/s", "of the engine alone, in batches",
+                  "p99 at 1 client (× one call)", "CPU (its report)"], rows)
 
 
 # ---------------------------------------------------------------------------------------------- the performance report
@@ -219,7 +239,7 @@ def kernels_table(results: Path = RESULTS) -> str:
 
 
 BLOCKS: dict[str, Callable[[Path], str]] = {
-    "glance": glance, "demo_output": demo_output, "engines": engines,
+    "glance": glance, "demo_output": demo_output, "engines": engines, "serving": serving,
     "peer_benchmark": peer_benchmark, "engines_report": engines_report, "data_stage": data_stage_table,
     "parity": parity_table, "kernels": kernels_table,
     **{name: (lambda results, block=block: block(load_recipes(results))) for name, block in RECIPE_BLOCKS.items()},
@@ -229,7 +249,7 @@ BLOCKS: dict[str, Callable[[Path], str]] = {
 # ---------------------------------------------------------------------------------------------- reports
 def reports(results: Path = RESULTS) -> dict[Path, str]:
     """Each committed report as its benchmark renders it from the committed JSON beside it."""
-    from . import data_stage, engines as engines_benchmark, quality_parity, report
+    from . import data_stage, engines as engines_benchmark, quality_parity, report, serving as serving_benchmark
 
     rendered = {}
     for path in sorted(results.glob("*.json")):
@@ -240,6 +260,8 @@ def reports(results: Path = RESULTS) -> dict[Path, str]:
             rendered[path.with_suffix(".md")] = report.render_markdown(data)
         elif stem == "data_stage":
             rendered[path.with_suffix(".md")] = data_stage.render(data)
+        elif stem.startswith("serving_"):
+            rendered[path.with_suffix(".md")] = serving_benchmark.render(data, data["command"])
         elif stem.startswith("parity_"):
             rendered[path.with_suffix(".md")] = quality_parity.render_report(data, data["command"], f"{stem}.png")
     return rendered
@@ -252,9 +274,15 @@ def render_page(text: str, results: Path = RESULTS, page: str = "page") -> str:
         name = match["name"]
         if name not in BLOCKS:
             raise KeyError(f"{page}: `<!-- rendered: {name} -->` names no block; known: {', '.join(BLOCKS)}")
-        return f"<!-- rendered: {name} -->\n{BLOCKS[name](results)}<!-- end: {name} -->"
+        return f"<!-- rendered: {name} -->\n{relative_links(BLOCKS[name](results), page)}<!-- end: {name} -->"
 
     return BLOCK.sub(replace, text)
+
+
+def relative_links(markdown: str, page: str) -> str:
+    """Blocks link from the repository root; a page in a folder gets the same links from where it is."""
+    folder = (ROOT / page).parent
+    return re.sub(r"\]\((scripts/[^)#]+)", lambda m: f"]({os.path.relpath(ROOT / m[1], folder)}", markdown)
 
 
 def disagreements(root: Path = ROOT, results: Path = RESULTS) -> list[str]:
