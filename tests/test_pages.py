@@ -118,6 +118,7 @@ def test_the_readme_reads_in_five_minutes():
     assert len(lines) <= 150
     assert lines.index("<!-- rendered: glance -->") < 40, "the first result within the first 40 lines"
     prose = "\n".join(line for line in _readme_prose().splitlines() if not line.startswith(("|", "#", "!")))
-    sentences = re.split(r"(?<=[.!?])\s+(?=[A-Z`*(\[])", " ".join(prose.split()))
+    sentences = [sentence for paragraph in re.split(r"\n\s*\n", prose)
+                 for sentence in re.split(r"(?<=[.!?:])\s+(?=[A-Z`*(\[])", " ".join(paragraph.split()))]
     long = [s for s in sentences if len(s.split()) > 60]
     assert long == [], long

@@ -44,10 +44,13 @@ def table(header: list[str], rows: list[list]) -> str:
 
 
 def cpu_name(environment: dict) -> str:
-    """A CPU as the pages name it: vendor, family and what sets its bf16 speed."""
-    from .toolkit import describe_cpu
-
-    return describe_cpu(environment).replace("(R)", "").replace(" Processor", "")
+    """A CPU as the pages name it: vendor and family, and the fastest of its bf16 paths (the report lists them all)."""
+    name = environment["cpu"].replace("(R)", "").replace(" Processor", "")
+    flags = environment.get("cpu_flags")
+    if flags is None:
+        return name
+    best = next((flag for flag in ("amx_bf16", "avx512_bf16", "avx512f", "avx2") if flag in flags), None)
+    return f"{name} ({best or 'no avx2'}{' only' if best == 'avx2' else ''})"
 
 
 # ---------------------------------------------------------------------------------------------- the figures
@@ -68,7 +71,7 @@ def shipped_run(recipes: dict, recipe: str) -> dict:
 
 
 def _run_machine(run: dict) -> str:
-    return f"{run['cpu']} ({run['cpu_flags'].replace(' ', ', ')}; {run['precision']})"
+    return f"{cpu_name({'cpu': run['cpu'], 'cpu_flags': run['cpu_flags'].split()})}, {run['precision']}"
 
 
 def speedup(report: dict, decoding: str, system: str) -> str:
@@ -98,9 +101,9 @@ def glance(results: Path = RESULTS) -> str:
          f"{ratios['beam_speed_vs_marian']:.2f}×; memory {ratios['train_memory_vs_marian']:.2f}×", "1.00×",
          f"`make bench`, {cpu_name(bench['environment'])}",
          "[report](scripts/benchmarks/README.md#the-peer-benchmark-cpu)"],
-        *[["CTranslate2 int8, beam 4, against `generate()`", speedup(report, "beam 4", "ctranslate2 int8"), "1.00×",
-           f"`python -m scripts.benchmarks.engines`, {cpu_name(report['environment'])}", "[engines](#deploy)"]
-          for report in engines],
+        ["CTranslate2 int8, beam 4, against `generate()`", ", ".join(
+            f"{speedup(report, 'beam 4', 'ctranslate2 int8')} on {cpu_name(report['environment'])}"
+            for report in engines), "1.00×", "`python -m scripts.benchmarks.engines`", "[engines](#deploy)"],
     ]
     return table(["", "here", "reference", "how", "more"], rows)
 

@@ -45,7 +45,7 @@ def baseline_app(model_dir: str):
     import vanilla_transformer  # noqa: F401  (registers the translation pipeline)
 
     torch.set_num_threads(int(os.environ.get("BASELINE_THREADS", "2")))
-    translator = pipeline("translation", model=model_dir)
+    translator = pipeline("translation", model=model_dir, trust_remote_code=True)
     app = FastAPI()
 
     @app.post("/translate")
@@ -102,6 +102,19 @@ def wait_until_healthy(base: str, process: subprocess.Popen, seconds: float = 30
     raise TimeoutError(f"{base} did not answer /health within {seconds:.0f} s")
 
 
+def stop(process: subprocess.Popen):
+    """The server and every process it started (its own session)."""
+    for sig, wait in ((15, 60), (9, 10)):
+        try:
+            os.killpg(process.pid, sig)
+            process.wait(timeout=wait)
+            return
+        except ProcessLookupError:
+            return
+        except subprocess.TimeoutExpired:
+            continue
+
+
 def measure_server(command: list[str], port: int, sentences: list[str], requests: dict[int, int], log: Path) -> list:
     with open(log, "w") as out:
         process = subprocess.Popen(command, stdout=out, stderr=subprocess.STDOUT, env=offline_env(), cwd=ROOT,
@@ -112,11 +125,7 @@ def measure_server(command: list[str], port: int, sentences: list[str], requests
         asyncio.run(load(f"{base}/translate", sentences, 4, 16))  # warm-up
         return [asyncio.run(load(f"{base}/translate", sentences, clients, requests[clients])) for clients in CLIENTS]
     finally:
-        os.killpg(process.pid, 15)
-        try:
-            process.wait(timeout=60)
-        except subprocess.TimeoutExpired:
-            os.killpg(process.pid, 9)
+        stop(process)
         subprocess.run([sys.executable, "-m", "ray.scripts.scripts", "stop", "--force"], capture_output=True)
 
 
