@@ -113,15 +113,14 @@ def test_eager_and_sdpa_give_the_same_logits(normalize_before):
     torch.testing.assert_close(eager, sdpa, atol=ATOL, rtol=0)
 
 
-def test_attention_weights_asked_of_sdpa_come_back_as_none_with_a_warning(caplog):
-    """As in-tree models do: the backend returns what it can, and says that eager attention returns weights."""
+def test_attention_weights_asked_of_sdpa_come_back_empty_with_a_warning(caplog):
+    """As in-tree models (MarianMTModel) do: the backend records no weights, and says that eager attention does."""
     model = tiny_model()
     input_ids, attention_mask, labels = random_batch()
     with caplog.at_level("WARNING"):
         out = model(input_ids=input_ids, attention_mask=attention_mask, labels=labels, output_attentions=True)
     assert "output_attentions" in caplog.text and "eager" in caplog.text
-    for weights in (out.encoder_attentions, out.decoder_attentions, out.cross_attentions):
-        assert len(weights) == 2 and all(w is None for w in weights)
+    assert out.encoder_attentions == out.decoder_attentions == out.cross_attentions == ()
 
 
 def test_attention_weights_are_returned_by_eager_attention():
@@ -300,6 +299,30 @@ def test_the_shared_embedding_is_stored_once_and_stays_tied(tmp_path):
     shared = loaded.model.shared.weight
     assert loaded.lm_head.weight is shared
     assert loaded.model.encoder.embed_tokens.weight is shared and loaded.model.decoder.embed_tokens.weight is shared
+
+
+def test_an_untied_output_projection_keeps_one_source_and_target_embedding(tmp_path):
+    # §3.4 shares the embedding matrix between source and target whatever the output layer does.
+    model = tiny_model(tie_word_embeddings=False)
+
+    def matrices(m):
+        return m.model.shared.weight, m.model.encoder.embed_tokens.weight, m.model.decoder.embed_tokens.weight
+
+    shared, encoder, decoder = matrices(model)
+    assert shared is encoder is decoder and model.lm_head.weight is not shared
+    model.save_pretrained(tmp_path)
+    with safe_open(tmp_path / "model.safetensors", "pt") as weights:
+        stored = sorted(n for n in weights.keys() if "embed" in n or "shared" in n or "lm_head" in n)
+    assert stored == ["lm_head.weight", "model.shared.weight"]
+    loaded = AutoModelForSeq2SeqLM.from_pretrained(tmp_path)
+    shared, encoder, decoder = matrices(loaded)
+    assert shared is encoder is decoder and loaded.lm_head.weight is not shared
+    torch.testing.assert_close(shared, model.model.shared.weight, atol=0, rtol=0)
+    torch.testing.assert_close(loaded.lm_head.weight, model.lm_head.weight, atol=0, rtol=0)
+    loaded.resize_token_embeddings(VOCAB + 8)
+    shared, encoder, decoder = matrices(loaded)
+    assert shared is encoder is decoder and shared.shape[0] == loaded.lm_head.weight.shape[0] == VOCAB + 8
+    assert loaded.get_input_embeddings().weight is shared
 
 
 def test_saved_folder_has_config_with_auto_map_and_code(tmp_path):
@@ -775,6 +798,27 @@ def test_config_output_attentions_and_hidden_states_are_honoured(tmp_path):
     quiet = model(input_ids=input_ids, attention_mask=attention_mask, labels=labels, output_attentions=False,
                   output_hidden_states=False)  # an argument wins over the config
     assert quiet.encoder_attentions is None and quiet.decoder_hidden_states is None
+
+
+def test_hidden_states_and_attentions_are_recorded_only_when_asked_and_agree_across_backends(normalize_before):
+    model = tiny_model(normalize_before=normalize_before)
+    input_ids, attention_mask, labels = random_batch()
+    plain = model(input_ids=input_ids, attention_mask=attention_mask, labels=labels)
+    assert plain.encoder_hidden_states is plain.decoder_hidden_states is plain.encoder_attentions is None
+    recorded = {}
+    for implementation in ("eager", "sdpa"):
+        model.set_attn_implementation(implementation)
+        recorded[implementation] = model(input_ids=input_ids, attention_mask=attention_mask, labels=labels,
+                                         output_hidden_states=True, output_attentions=implementation == "eager")
+    eager, sdpa = recorded["eager"], recorded["sdpa"]
+    for name in ("encoder_hidden_states", "decoder_hidden_states"):
+        assert len(getattr(eager, name)) == model.config.encoder_layers + 1
+        for a, b in zip(getattr(eager, name), getattr(sdpa, name), strict=True):
+            torch.testing.assert_close(a, b)
+    # The first is the embedded input, the last the stack's output (after a pre-LN stack's final LayerNorm).
+    torch.testing.assert_close(eager.encoder_hidden_states[-1], eager.encoder_last_hidden_state, atol=0, rtol=0)
+    torch.testing.assert_close(eager.logits, plain.logits)
+    assert len(eager.cross_attentions) == model.config.decoder_layers
 
 
 def test_inputs_embeds_from_the_input_embeddings_give_the_outputs_of_the_ids(normalize_before):

@@ -17,7 +17,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 
-from tests.conftest import VOCAB, confident_model, tiny_tokenizer
+from conftest import VOCAB, confident_model, tiny_tokenizer
 from vanilla_transformer.tools.serving import (
     Limits,
     RequestError,

@@ -8,7 +8,7 @@ import urllib.request
 
 import pytest
 
-from tests.conftest import confident_model, tiny_tokenizer
+from conftest import confident_model, tiny_tokenizer
 
 ray = pytest.importorskip("ray", reason='the serve extra: pip install ".[serve]"')
 serve = pytest.importorskip("ray.serve")

@@ -24,10 +24,12 @@ from transformers.modeling_outputs import (BaseModelOutput, BaseModelOutputWithP
                                            Seq2SeqModelOutput)
 from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS, PreTrainedModel
 from transformers.utils import can_return_tuple
+from transformers.utils.generic import merge_with_config_defaults
+from transformers.utils.output_capturing import OutputRecorder, capture_outputs
 
 from .configuration_vanilla_transformer import VanillaTransformerConfig, paper_generation_config
 # check_token_ids and gnmt_length_penalty are re-exported: the package's data and tools import them from here.
-from .support_vanilla_transformer import (CACHE_FIELD, PaperDecodingMixin, accepts_past_key_values, apply_dropout,
+from .support_vanilla_transformer import (CACHE_FIELD, PaperDecodingMixin, accepts_past_key_values,
                                           check_decoder_inputs, check_encoder_inputs, check_labels, check_model_inputs,
                                           check_token_ids, gnmt_length_penalty, label_smoothed_cross_entropy)
 
@@ -68,8 +70,13 @@ def eager_attention_forward(module, query, key, value, attention_mask, scaling, 
     if attention_mask is not None:
         scores = scores + attention_mask[:, :, :, : key.shape[-2]]  # eager masks are additive: 0 or dtype min
     weights = F.softmax(scores, dim=-1, dtype=torch.float32).to(query.dtype)
-    weights = apply_dropout(weights, dropout, module.training)
+    weights = F.dropout(weights, p=dropout, training=module.training)
     return torch.matmul(weights, value).transpose(1, 2).contiguous(), weights
+
+
+class InputProjection(nn.Linear):
+    """A query, key or value projection of §3.2.2 (W^Q, W^K, W^V), told apart from the output projection W^O where
+    the initialisation draws them differently (`_init_weights`)."""
 
 
 class VanillaTransformerAttention(nn.Module):
@@ -85,19 +92,16 @@ class VanillaTransformerAttention(nn.Module):
         self.is_causal = is_causal
         self.layer_idx = layer_idx
         self.dropout = config.attention_dropout
-        self.q_proj = nn.Linear(config.d_model, config.d_model)
-        self.k_proj = nn.Linear(config.d_model, config.d_model)
-        self.v_proj = nn.Linear(config.d_model, config.d_model)
+        self.q_proj = InputProjection(config.d_model, config.d_model)
+        self.k_proj = InputProjection(config.d_model, config.d_model)
+        self.v_proj = InputProjection(config.d_model, config.d_model)
         self.out_proj = nn.Linear(config.d_model, config.d_model)
-        for projection in (self.q_proj, self.k_proj, self.v_proj):
-            projection.xavier_gain = 2**-0.5  # fairseq's, for config.init_method "xavier"
 
     def _heads(self, x: torch.Tensor) -> torch.Tensor:
         # The head count is explicit so that an empty sequence (an ONNX step with nothing new to project) reshapes.
         return x.view(*x.shape[:-1], self.num_heads, self.head_dim).transpose(1, 2)
 
-    def forward(self, hidden_states, key_value_states=None, attention_mask=None, cache: Cache | None = None,
-                output_attentions: bool = False):
+    def forward(self, hidden_states, key_value_states=None, attention_mask=None, cache: Cache | None = None, **kwargs):
         is_cross = key_value_states is not None
         query = self._heads(self.q_proj(hidden_states))
         both = isinstance(cache, EncoderDecoderCache)  # self- and cross-attention caches
@@ -114,11 +118,10 @@ class VanillaTransformerAttention(nn.Module):
                     cache.is_updated[self.layer_idx] = True
         attention: Callable = ALL_ATTENTION_FUNCTIONS.get_interface(self.config._attn_implementation,
                                                                     eager_attention_forward)
-        # Backends that cannot return the weights (SDPA, flash) warn about `output_attentions` and return None.
-        output, weights = attention(
-            self, query, key, value, attention_mask,
-            dropout=self.dropout if self.training else 0.0, scaling=self.scaling, output_attentions=output_attentions,
-        )
+        # The weights are recorded where asked for (`_can_record_outputs`); SDPA and flash return None for them and,
+        # told `output_attentions` in `kwargs`, say so.
+        output, weights = attention(self, query, key, value, attention_mask,
+                                    dropout=self.dropout if self.training else 0.0, scaling=self.scaling, **kwargs)
         return self.out_proj(output.reshape(*hidden_states.shape[:-1], -1)), weights
 
 
@@ -133,7 +136,7 @@ class VanillaTransformerFeedForward(nn.Module):
         self.activation_dropout = config.activation_dropout
 
     def forward(self, x):
-        x = apply_dropout(self.activation(self.fc1(x)), self.activation_dropout, self.training)
+        x = F.dropout(self.activation(self.fc1(x)), p=self.activation_dropout, training=self.training)
         return (self.fc2(x),)
 
 
@@ -148,7 +151,7 @@ class _ResidualLayer(GradientCheckpointingLayer):
 
     def residual(self, x, norm: nn.LayerNorm, sublayer: Callable):
         output, *extra = sublayer(norm(x) if self.normalize_before else x)
-        x = x + apply_dropout(output, self.dropout, self.training)
+        x = x + F.dropout(output, p=self.dropout, training=self.training)
         return (x if self.normalize_before else norm(x)), *extra
 
 
@@ -162,9 +165,9 @@ class VanillaTransformerEncoderLayer(_ResidualLayer):
         self.ffn = VanillaTransformerFeedForward(config, config.encoder_ffn_dim)
         self.final_layer_norm = nn.LayerNorm(config.d_model, eps=config.layer_norm_eps)
 
-    def forward(self, hidden_states, attention_mask, output_attentions=False):
+    def forward(self, hidden_states, attention_mask, **kwargs):
         hidden_states, weights = self.residual(hidden_states, self.self_attn_layer_norm, lambda x: self.self_attn(
-            x, attention_mask=attention_mask, output_attentions=output_attentions))
+            x, attention_mask=attention_mask, **kwargs))
         hidden_states, = self.residual(hidden_states, self.final_layer_norm, self.ffn)
         return hidden_states, weights
 
@@ -183,11 +186,11 @@ class VanillaTransformerDecoderLayer(_ResidualLayer):
         self.final_layer_norm = nn.LayerNorm(config.d_model, eps=config.layer_norm_eps)
 
     def forward(self, hidden_states, attention_mask, encoder_hidden_states, encoder_attention_mask, cache=None,
-                output_attentions=False):
+                **kwargs):
         hidden_states, self_weights = self.residual(hidden_states, self.self_attn_layer_norm, lambda x: self.self_attn(
-            x, attention_mask=attention_mask, cache=cache, output_attentions=output_attentions))
+            x, attention_mask=attention_mask, cache=cache, **kwargs))
         hidden_states, cross_weights = self.residual(hidden_states, self.encoder_attn_layer_norm, lambda x: (
-            self.encoder_attn(x, encoder_hidden_states, encoder_attention_mask, cache, output_attentions)))
+            self.encoder_attn(x, encoder_hidden_states, encoder_attention_mask, cache, **kwargs)))
         hidden_states, = self.residual(hidden_states, self.final_layer_norm, self.ffn)
         return hidden_states, self_weights, cross_weights
 
@@ -215,8 +218,8 @@ class VanillaTransformerPreTrainedModel(PreTrainedModel):
                 # drawing it here too would undo that where the tie is made first (loading with weights missing).
                 if not self.config.tie_word_embeddings:
                     init.normal_(module.weight, mean=0.0, std=embedding_std)
-            elif xavier:
-                init.xavier_uniform_(module.weight, gain=getattr(module, "xavier_gain", 1.0))
+            elif xavier:  # fairseq's gains: 1/sqrt(2) for the query, key and value projections, 1 for the rest
+                init.xavier_uniform_(module.weight, gain=2**-0.5 if isinstance(module, InputProjection) else 1.0)
             else:
                 init.normal_(module.weight, mean=0.0, std=self.config.init_std)
             if module.bias is not None:
@@ -247,7 +250,7 @@ class _Stack(VanillaTransformerPreTrainedModel):
             inputs_embeds = self.embed_tokens(input_ids)
         positions = torch.arange(inputs_embeds.shape[1], device=inputs_embeds.device) + past_length
         hidden_states = inputs_embeds + self.embed_positions(positions).to(inputs_embeds.dtype)
-        return apply_dropout(hidden_states, self.config.dropout, self.training)
+        return F.dropout(hidden_states, p=self.config.dropout, training=self.training)
 
     def padding_mask(self, hidden_states, attention_mask, encoder_hidden_states=None):
         """§3.2.3: attention ignores padding. transformers may drop a mask that masks nothing, but finding out reads
@@ -256,54 +259,52 @@ class _Stack(VanillaTransformerPreTrainedModel):
                                          encoder_hidden_states=encoder_hidden_states,
                                          allow_is_bidirectional_skip=attention_mask is None or not self.training)
 
-    def output_flags(self, output_attentions, output_hidden_states) -> tuple[bool, bool]:
-        """Arguments win; otherwise the config's `output_attentions` / `output_hidden_states`."""
-        return (self.config.output_attentions if output_attentions is None else output_attentions,
-                self.config.output_hidden_states if output_hidden_states is None else output_hidden_states)
-
 
 class VanillaTransformerEncoder(_Stack):
     """§3.1 encoder: N identical layers over the embedded source."""
+
+    # Recorded by transformers' hooks only when asked for (`output_hidden_states`, `output_attentions`).
+    _can_record_outputs = {"hidden_states": VanillaTransformerEncoderLayer,
+                           "attentions": OutputRecorder(VanillaTransformerAttention, index=1, layer_name="self_attn")}
 
     def __init__(self, config: VanillaTransformerConfig):
         super().__init__(config)
         self.layers = nn.ModuleList(VanillaTransformerEncoderLayer(config) for _ in range(config.encoder_layers))
         self.post_init()
 
-    @can_return_tuple
-    def forward(self, input_ids=None, attention_mask=None, inputs_embeds=None, output_attentions=None,
-                output_hidden_states=None, **kwargs) -> BaseModelOutput:
+    @merge_with_config_defaults
+    @capture_outputs
+    def forward(self, input_ids=None, attention_mask=None, inputs_embeds=None, **kwargs) -> BaseModelOutput:
         check_encoder_inputs(self, input_ids, inputs_embeds, attention_mask)
-        output_attentions, output_hidden_states = self.output_flags(output_attentions, output_hidden_states)
         hidden_states = self.embed(input_ids, inputs_embeds)
         mask = self.padding_mask(hidden_states, attention_mask)
-        all_hidden_states, all_attentions = (), ()
         for layer in self.layers:
-            all_hidden_states += (hidden_states,)
-            hidden_states, weights = layer(hidden_states, mask, output_attentions)
-            all_attentions += (weights,)
+            hidden_states, _ = layer(hidden_states, mask, **kwargs)
         if self.layer_norm is not None:
             hidden_states = self.layer_norm(hidden_states)
-        return BaseModelOutput(last_hidden_state=hidden_states,
-                               attentions=all_attentions if output_attentions else None,
-                               hidden_states=(*all_hidden_states, hidden_states) if output_hidden_states else None)
+        return BaseModelOutput(last_hidden_state=hidden_states)
 
 
 class VanillaTransformerDecoder(_Stack):
     """§3.1 decoder: N identical layers; self-attention is masked so position i sees only positions <= i."""
 
     input_name = "decoder_input_ids"
+    _can_record_outputs = {
+        "hidden_states": VanillaTransformerDecoderLayer,
+        "attentions": OutputRecorder(VanillaTransformerAttention, index=1, layer_name="self_attn"),
+        "cross_attentions": OutputRecorder(VanillaTransformerAttention, index=1, layer_name="encoder_attn"),
+    }
 
     def __init__(self, config: VanillaTransformerConfig):
         super().__init__(config)
         self.layers = nn.ModuleList(VanillaTransformerDecoderLayer(config, i) for i in range(config.decoder_layers))
         self.post_init()
 
-    @can_return_tuple
+    @merge_with_config_defaults
+    @capture_outputs
     @accepts_past_key_values
     def forward(self, input_ids=None, attention_mask=None, encoder_hidden_states=None, encoder_attention_mask=None,
-                cache=None, inputs_embeds=None, use_cache=None, output_attentions=None,
-                output_hidden_states=None, **kwargs) -> BaseModelOutputWithPastAndCrossAttentions:
+                cache=None, inputs_embeds=None, use_cache=None, **kwargs) -> BaseModelOutputWithPastAndCrossAttentions:
         use_cache = self.config.use_cache if use_cache is None else use_cache
         checkpointing = getattr(self.layers[0], "gradient_checkpointing", False)
         # Recomputed activations cannot append to a cache a second time.
@@ -311,7 +312,6 @@ class VanillaTransformerDecoder(_Stack):
         # Ids that continue a cache are the model's own output: reading them back at every step would stall a GPU.
         check_decoder_inputs(self, input_ids, inputs_embeds, encoder_hidden_states, encoder_attention_mask,
                              cache if use_cache else None, check_ids=cache is None)
-        output_attentions, output_hidden_states = self.output_flags(output_attentions, output_hidden_states)
         if not use_cache:
             cache = None
         elif cache is None:
@@ -322,20 +322,11 @@ class VanillaTransformerDecoder(_Stack):
         causal_mask = create_causal_mask(  # the cache goes in positionally: `past_key_values` on 5.23, `cache` on 5.24+
             self.config, hidden_states, attention_mask, None if cache is None else cache.self_attention_cache)
         cross_mask = self.padding_mask(hidden_states, encoder_attention_mask, encoder_hidden_states)
-        all_hidden_states, all_self_attentions, all_cross_attentions = (), (), ()
         for layer in self.layers:
-            all_hidden_states += (hidden_states,)
-            hidden_states, self_weights, cross_weights = layer(
-                hidden_states, causal_mask, encoder_hidden_states, cross_mask, cache, output_attentions
-            )
-            all_self_attentions += (self_weights,)
-            all_cross_attentions += (cross_weights,)
+            hidden_states, _, _ = layer(hidden_states, causal_mask, encoder_hidden_states, cross_mask, cache, **kwargs)
         if self.layer_norm is not None:
             hidden_states = self.layer_norm(hidden_states)
-        attentions = (all_self_attentions, all_cross_attentions) if output_attentions else (None, None)
-        return BaseModelOutputWithPastAndCrossAttentions(
-            last_hidden_state=hidden_states, attentions=attentions[0], cross_attentions=attentions[1],
-            hidden_states=(*all_hidden_states, hidden_states) if output_hidden_states else None, **{CACHE_FIELD: cache})
+        return BaseModelOutputWithPastAndCrossAttentions(last_hidden_state=hidden_states, **{CACHE_FIELD: cache})
 
 
 class VanillaTransformerModel(VanillaTransformerPreTrainedModel):
@@ -350,6 +341,13 @@ class VanillaTransformerModel(VanillaTransformerPreTrainedModel):
         self.decoder = VanillaTransformerDecoder(config)
         self.post_init()
 
+    def get_expanded_tied_weights_keys(self, all_submodels: bool = False) -> dict:
+        # §3.4: source and target share one matrix whatever `tie_word_embeddings` says of the output projection;
+        # transformers would untie them together with it.
+        if all_submodels:
+            return super().get_expanded_tied_weights_keys(all_submodels=True)
+        return dict(self._tied_weights_keys)
+
     def get_input_embeddings(self):
         return self.shared
 
@@ -360,13 +358,11 @@ class VanillaTransformerModel(VanillaTransformerPreTrainedModel):
     @accepts_past_key_values
     def forward(self, input_ids=None, attention_mask=None, decoder_input_ids=None, decoder_attention_mask=None,
                 encoder_outputs=None, cache=None, inputs_embeds=None, decoder_inputs_embeds=None,
-                use_cache=None, output_attentions=None, output_hidden_states=None, **kwargs) -> Seq2SeqModelOutput:
+                use_cache=None, **kwargs) -> Seq2SeqModelOutput:
         encoded = encoder_outputs is not None
         if not encoded:
-            encoder_outputs = self.encoder(
-                input_ids=input_ids, attention_mask=attention_mask, inputs_embeds=inputs_embeds,
-                output_attentions=output_attentions, output_hidden_states=output_hidden_states,
-            )
+            encoder_outputs = self.encoder(input_ids=input_ids, attention_mask=attention_mask,
+                                           inputs_embeds=inputs_embeds, **kwargs)
         elif not isinstance(encoder_outputs, BaseModelOutput):  # a tuple: (last_hidden_state, hidden_states, ...)
             encoder_outputs = BaseModelOutput(*encoder_outputs)
         check_model_inputs(input_ids, inputs_embeds, encoder_outputs.last_hidden_state if encoded else None,
@@ -374,8 +370,7 @@ class VanillaTransformerModel(VanillaTransformerPreTrainedModel):
         decoder_outputs = self.decoder(
             input_ids=decoder_input_ids, attention_mask=decoder_attention_mask,
             encoder_hidden_states=encoder_outputs.last_hidden_state, encoder_attention_mask=attention_mask,
-            inputs_embeds=decoder_inputs_embeds, use_cache=use_cache, output_attentions=output_attentions,
-            output_hidden_states=output_hidden_states, cache=cache,
+            inputs_embeds=decoder_inputs_embeds, use_cache=use_cache, cache=cache, **kwargs,
         )
         return Seq2SeqModelOutput(
             last_hidden_state=decoder_outputs.last_hidden_state, decoder_hidden_states=decoder_outputs.hidden_states,
@@ -422,8 +417,7 @@ class VanillaTransformerForConditionalGeneration(VanillaTransformerPreTrainedMod
     @accepts_past_key_values
     def forward(self, input_ids=None, attention_mask=None, decoder_input_ids=None, decoder_attention_mask=None,
                 encoder_outputs=None, cache=None, inputs_embeds=None, decoder_inputs_embeds=None,
-                labels=None, use_cache=None, output_attentions=None, output_hidden_states=None,
-                num_items_in_batch=None, **kwargs) -> Seq2SeqLMOutput:
+                labels=None, use_cache=None, num_items_in_batch=None, **kwargs) -> Seq2SeqLMOutput:
         if labels is not None:
             check_labels(labels, self.config.vocab_size, self.training, input_ids=input_ids,
                          inputs_embeds=inputs_embeds, encoder_outputs=encoder_outputs,
@@ -436,7 +430,7 @@ class VanillaTransformerForConditionalGeneration(VanillaTransformerPreTrainedMod
             input_ids=input_ids, attention_mask=attention_mask, decoder_input_ids=decoder_input_ids,
             decoder_attention_mask=decoder_attention_mask, encoder_outputs=encoder_outputs,
             inputs_embeds=inputs_embeds, decoder_inputs_embeds=decoder_inputs_embeds, use_cache=use_cache,
-            output_attentions=output_attentions, output_hidden_states=output_hidden_states, cache=cache,
+            cache=cache, **kwargs,
         )
         logits = self.lm_head(outputs.last_hidden_state)
         loss = None if labels is None else label_smoothed_cross_entropy(

@@ -16,7 +16,7 @@ import torch.nn.functional as F
 
 # The kernels the model runs, as its file imports them.
 from vanilla_transformer.data.corpora import available_cores
-from vanilla_transformer.modeling_vanilla_transformer import apply_dropout, label_smoothed_cross_entropy
+from vanilla_transformer.support_vanilla_transformer import apply_dropout, label_smoothed_cross_entropy
 
 from .toolkit import (command_line, environment, format_load, load_average, markdown_table, time_interleaved,
                       write_report)
