@@ -26,7 +26,7 @@ from vanilla_transformer import (
     VanillaTransformerModel,
 )
 from vanilla_transformer.modeling_vanilla_transformer import CACHE_FIELD, SinusoidalPositionalEncoding
-from vanilla_transformer.support_vanilla_transformer import apply_dropout, label_smoothed_cross_entropy
+from vanilla_transformer.support_vanilla_transformer import label_smoothed_cross_entropy
 
 ATOL = 1e-5  # float32 on CPU; observed differences are about 1e-6
 
@@ -473,24 +473,6 @@ def test_the_loss_and_its_gradient_equal_torchs_smoothed_cross_entropy_in_float3
     tolerance = dict(atol=1e-6, rtol=3e-4) if dtype == torch.float32 else dict(atol=1e-6, rtol=8e-3)
     torch.testing.assert_close(ours.grad, reference.grad, **tolerance)
     assert ours.grad[1, 15:].abs().max() == 0
-
-
-@pytest.mark.parametrize("p", [0.1, 0.3])
-def test_dropout_keeps_each_value_with_probability_1_minus_p_and_scales_it(p):
-    x = torch.full((1001, 1003), 2.0, requires_grad=True)  # a size no multiple of four
-    torch.manual_seed(0)
-    y = apply_dropout(x, p, training=True)
-    kept = y != 0
-    assert kept.float().mean().item() == pytest.approx(1 - p, abs=3e-3)  # 1e6 draws: sd 4.6e-4
-    torch.testing.assert_close(y[kept], torch.full_like(y[kept], 2 / (1 - p)))
-    y.sum().backward()
-    torch.testing.assert_close(x.grad, kept / (1 - p))
-    # Neighbouring values come from different 16-bit pieces of one random word: they must not drop together.
-    both = (~kept[:, :-1] & ~kept[:, 1:]).float().mean().item()
-    assert both == pytest.approx(p * p, abs=3e-3)
-    torch.manual_seed(0)
-    assert torch.equal(apply_dropout(x, p, training=True), y)  # the seed decides the mask
-    assert apply_dropout(x, p, training=False) is x and apply_dropout(x, 0.0, training=True) is x
 
 
 def test_collator_builds_decoder_inputs_from_labels():

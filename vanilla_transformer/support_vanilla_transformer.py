@@ -141,10 +141,9 @@ def check_labels(labels, vocab_size: int, training: bool, *, input_ids, inputs_e
                          f"{tuple(target[1].shape)}: one label per decoder position.")
 
 
-# §5.4 loss and dropout kernels -------------------------------------------------------------------------------------
-# Timed against F.cross_entropy(label_smoothing=) and F.dropout, forward and backward, on a 2-core CPU
-# (scripts/benchmarks/results/kernels_cpu.md): the loss ran 1.51x torch's speed in float32 and 2.93x in bf16, the
-# dropout level with torch's (0.98x, 1.05x).
+# §5.4 the label-smoothed loss -----------------------------------------------------------------------------------
+# Timed against F.cross_entropy(label_smoothing=), forward and backward, on 2-core AMD EPYC and Intel Xeon CPUs:
+# scripts/benchmarks/results/kernels_*.md.
 
 class _SmoothedCrossEntropySum(torch.autograd.Function):
     """Summed label-smoothed cross-entropy whose gradient is formed in one pass: softmax minus the smoothed target,
@@ -202,17 +201,6 @@ def label_smoothed_cross_entropy(logits, labels, label_smoothing: float = 0.0, n
     total = _SmoothedCrossEntropySum.apply(logits.flatten(0, -2), labels.flatten(), label_smoothing)
     count = (labels != -100).sum() if num_items_in_batch is None else num_items_in_batch
     return total / torch.as_tensor(count, device=total.device).clamp(min=1)
-
-
-def apply_dropout(x: torch.Tensor, p: float, training: bool) -> torch.Tensor:
-    """Dropout (§5.4) with a mask that costs a quarter of the random numbers of `F.dropout`, which draws one per
-    element: each 64-bit random word gives four 16-bit ones, each kept with probability 1 - p (p rounded to
-    1/65536), and the kept values scaled by 1 / (1 - p) as usual."""
-    if not training or p == 0:
-        return x
-    words = torch.empty((x.numel() + 3) // 4, dtype=torch.int64, device=x.device).random_(-(2**63), 2**63 - 1)
-    keep = words.view(torch.int16)[: x.numel()].view(x.shape) >= round(p * 65536) - 32768
-    return torch.where(keep, x * (1 / (1 - p)), 0)
 
 
 # §6.1 decoding: the paper's length budget and GNMT's length penalty in generate() ----------------------------------
@@ -283,5 +271,5 @@ def _gnmt_exponent(length: int, alpha: float) -> float:
 
 
 __all__ = ["CACHE_FIELD", "accepts_past_key_values", "check_token_ids", "check_encoder_inputs", "check_decoder_inputs",
-           "check_model_inputs", "check_labels", "label_smoothed_cross_entropy", "apply_dropout", "PaperDecodingMixin",
+           "check_model_inputs", "check_labels", "label_smoothed_cross_entropy", "PaperDecodingMixin",
            "gnmt_length_penalty"]

@@ -1,9 +1,10 @@
-"""Our loss and dropout kernels against torch's, forward and backward at a training step's shapes: the model's
-`label_smoothed_cross_entropy` against `F.cross_entropy(label_smoothing=)` (on float32 logits, as ours computes),
-its `apply_dropout` against `F.dropout`. The model runs one of each on every device, so it keeps whichever the
-measurements favour: this command times them on this CPU, scripts/device_check.sh on a GPU (`compare_kernels`).
+"""Our loss kernel and a dropout candidate against torch's, forward and backward at a training step's shapes: the
+model's `label_smoothed_cross_entropy` against `F.cross_entropy(label_smoothing=)` (on float32 logits, as ours
+computes), and `packed_dropout` (below, not in the model) against `F.dropout`, which the model runs. The model runs one
+of each on every device, so a kernel goes into it only where the measurements on CPUs and on the GPU favour it: this
+command times them on this CPU, scripts/device_check.sh on a GPU (`compare_kernels`).
 
-    python -m scripts.benchmarks.kernels       # the Multi30k recipe's shapes; results/kernels_cpu.{json,md}
+    python -m scripts.benchmarks.kernels       # the Multi30k recipe's shapes; results/kernels_<cpu>.{json,md}
 """
 
 from __future__ import annotations
@@ -14,12 +15,22 @@ import statistics
 import torch
 import torch.nn.functional as F
 
-# The kernels the model runs, as its file imports them.
 from vanilla_transformer.data.corpora import available_cores
-from vanilla_transformer.support_vanilla_transformer import apply_dropout, label_smoothed_cross_entropy
+from vanilla_transformer.support_vanilla_transformer import label_smoothed_cross_entropy  # as the model imports it
 
-from .toolkit import (command_line, environment, format_load, load_average, markdown_table, time_interleaved,
+from .toolkit import (command_line, cpu_slug, environment, format_load, load_average, markdown_table, time_interleaved,
                       write_report)
+
+
+def packed_dropout(x: torch.Tensor, p: float, training: bool) -> torch.Tensor:
+    """Dropout (§5.4) with a mask that costs a quarter of the random numbers of `F.dropout`, which draws one per
+    element: each 64-bit random word gives four 16-bit ones, each kept with probability 1 - p (p rounded to
+    1/65536), and the kept values scaled by 1 / (1 - p) as usual."""
+    if not training or p == 0:
+        return x
+    words = torch.empty((x.numel() + 3) // 4, dtype=torch.int64, device=x.device).random_(-(2**63), 2**63 - 1)
+    keep = words.view(torch.int16)[: x.numel()].view(x.shape) >= round(p * 65536) - 32768
+    return torch.where(keep, x * (1 / (1 - p)), 0)
 
 
 def compare_kernels(tokens: int, vocab_size: int, d_model: int, dropout: float, label_smoothing: float,
@@ -34,7 +45,7 @@ def compare_kernels(tokens: int, vocab_size: int, d_model: int, dropout: float, 
         x = torch.randn(tokens, d_model, device=device, dtype=dtype, generator=generator).requires_grad_()
         losses = {"ours": lambda: label_smoothed_cross_entropy(logits, labels, label_smoothing),
                   "torch": lambda: F.cross_entropy(logits.float(), labels, label_smoothing=label_smoothing)}
-        drops = {"ours": lambda: apply_dropout(x, dropout, True), "torch": lambda: F.dropout(x, dropout)}
+        drops = {"ours": lambda: packed_dropout(x, dropout, True), "torch": lambda: F.dropout(x, dropout)}
         tasks = {f"loss {name}": (lambda f=f: torch.autograd.grad(f(), logits)) for name, f in losses.items()}
         tasks.update({f"dropout {name}": (lambda f=f: torch.autograd.grad(f(), x, torch.ones_like(x)))
                       for name, f in drops.items()})
@@ -68,7 +79,8 @@ def main(argv=None) -> dict:
     parser.add_argument("--label_smoothing", type=float, default=0.1)
     parser.add_argument("--repeats", type=int, default=30)
     parser.add_argument("--threads", type=int, default=None, help="torch threads (default: every core)")
-    parser.add_argument("--output", default="scripts/benchmarks/results/kernels_cpu")
+    parser.add_argument("--output", default=None,
+                        help="Report path without extension (default: scripts/benchmarks/results/kernels_<cpu>).")
     args = parser.parse_args(argv)
     torch.set_num_threads(args.threads or available_cores())
     shapes = dict(tokens=args.tokens, vocab_size=args.vocab_size, d_model=args.d_model, dropout=args.dropout,
@@ -83,7 +95,8 @@ def main(argv=None) -> dict:
              "interleaved repeats; load average (1/5/15 min) at the start and the end: "
              + ", ".join(format_load(load) for load in loads) + ".",
              "", *kernel_table(results["rows"]), ""]
-    write_report(args.output, results, "\n".join(lines))
+    output = args.output or f"scripts/benchmarks/results/kernels_{cpu_slug(results['environment'])}"
+    write_report(output, results, "\n".join(lines))
     print("\n".join(lines))
     return results
 

@@ -234,11 +234,14 @@ def parity_table(results: Path = RESULTS) -> str:
 
 
 def kernels_table(results: Path = RESULTS) -> str:
-    kernels = load("kernels_cpu", results)
-    rows = [[kernel, row["dtype"], f"{row[f'{kernel}_ours_ms']:.1f} ms", f"{row[f'{kernel}_torch_ms']:.1f} ms",
-             f"{row[f'{kernel}_torch_ms'] / row[f'{kernel}_ours_ms']:.2f}×"]
-            for kernel in ("loss", "dropout") for row in kernels["rows"]]
-    return table(["kernel (forward + backward)", "dtype", "ours", "torch", "torch / ours"], rows)
+    rows = []
+    for path in sorted(results.glob("kernels_*.json"), reverse=True):
+        kernels = json.loads(path.read_text(encoding="utf-8"))
+        rows += [[cpu_name(kernels["environment"]), "loss" if kernel == "loss" else "dropout (`packed_dropout`)",
+                  row["dtype"], f"{row[f'{kernel}_ours_ms']:.1f} ms", f"{row[f'{kernel}_torch_ms']:.1f} ms",
+                  f"{row[f'{kernel}_torch_ms'] / row[f'{kernel}_ours_ms']:.2f}×"]
+                 for kernel in ("loss", "dropout") for row in kernels["rows"]]
+    return table(["CPU", "kernel (forward + backward)", "dtype", "ours", "torch", "torch / ours"], rows)
 
 
 BLOCKS: dict[str, Callable[[Path], str]] = {

@@ -123,7 +123,7 @@ def measure_server(command: list[str], port: int, sentences: list[str], requests
     try:
         wait_until_healthy(base, process)
         asyncio.run(load(f"{base}/translate", sentences, 4, 16))  # warm-up
-        return [asyncio.run(load(f"{base}/translate", sentences, clients, requests[clients])) for clients in CLIENTS]
+        return [asyncio.run(load(f"{base}/translate", sentences, clients, count)) for clients, count in requests.items()]
     finally:
         stop(process)
         subprocess.run([sys.executable, "-m", "ray.scripts.scripts", "stop", "--force"], capture_output=True)
@@ -160,12 +160,16 @@ def run_benchmark(args) -> dict:
     folders = {"ctranslate2 int8": ("ctranslate2", str(export_ctranslate2(args.model, work / "ct2_int8",
                                                                           quantization="int8"))),
                "generate()": ("transformers", str(Path(args.model).resolve()))}
-    requests = {clients: max(args.requests // (4 if clients == 1 else 1), 4 * clients) for clients in CLIENTS}
+    requests = {clients: max(args.requests // (4 if clients == 1 else 1), 4 * clients) for clients in args.clients}
     results = {"environment": environment(), "sentences": len(sentences), "threads": args.threads,
+               "num_replicas": args.num_replicas, "batch_wait_timeout_s": args.batch_wait_timeout_s,
                "requests": requests, "engines": {}, "servers": {}}
     serve = [sys.executable, "scripts/serve.py", "--languages", "en", "de", "--threads", str(args.threads),
-             "--max_sentences", "1"]
+             "--max_sentences", "1", "--num_replicas", str(args.num_replicas),
+             "--batch_wait_timeout_s", str(args.batch_wait_timeout_s)]
     for name, (engine, folder) in folders.items():
+        if name not in args.engines:
+            continue
         results["engines"][name] = engine_alone(engine, folder, sentences, args.threads)
         for label, batch in (("Ray Serve, batches of up to 32", 32), ("Ray Serve, batching off", 1)):
             port = args.port
@@ -175,6 +179,8 @@ def run_benchmark(args) -> dict:
             results["servers"][f"{name}: {label}"] = {
                 "engine": name, "batching": batch > 1,
                 "levels": measure_server(command, port, sentences, requests, work / "server.log")}
+    if not args.baseline:
+        return results
     print("pipeline() in FastAPI", flush=True)
     baseline = [sys.executable, "-m", "uvicorn", "--factory", "--port", str(args.port), "--log-level", "warning",
                 "scripts.benchmarks.serving:baseline_from_env"]
@@ -204,7 +210,9 @@ def render(results: dict, command: str) -> str:
                for name, e in results["engines"].items()]
     return "\n".join([
         "# The translation server under load", "", f"`{command}`", "",
-        f"{describe_cpu(env)}, commit {env.get('commit')}, {results['threads']} threads per server, "
+        f"{describe_cpu(env)}, commit {env.get('commit')}; each server {results.get('num_replicas', 1)} "
+        f"replica(s) of {results['threads']} threads, a batch gathered for up to "
+        f"{results.get('batch_wait_timeout_s', 0.005) * 1000:g} ms; "
         f"{results['sentences']} Multi30k validation sentences, each client sending one at a time over loopback "
         f"(requests per level: {', '.join(f'{c} clients {n}' for c, n in results['requests'].items())}).", "",
         "## Each engine alone (no server)", "",
@@ -222,10 +230,17 @@ def main(argv=None):
     parser.add_argument("--requests", type=int, default=256, help="Requests per level (a quarter at 1 client).")
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--port", type=int, default=8123)
+    parser.add_argument("--clients", type=int, nargs="+", default=list(CLIENTS), help="Concurrency levels.")
+    parser.add_argument("--engines", nargs="+", default=["ctranslate2 int8", "generate()"],
+                        choices=["ctranslate2 int8", "generate()"])
+    parser.add_argument("--num_replicas", type=int, default=1)
+    parser.add_argument("--batch_wait_timeout_s", type=float, default=0.005)
+    parser.add_argument("--no_baseline", dest="baseline", action="store_false",
+                        help="Skip pipeline() in FastAPI.")
     parser.add_argument("--output", default=None,
                         help="Report path without extension (default: scripts/benchmarks/results/serving_<cpu>).")
     args = parser.parse_args(argv)
-    for flag in ("sentences", "requests", "threads"):
+    for flag in ("sentences", "requests", "threads", "num_replicas"):
         if getattr(args, flag) < 1:
             parser.error(f"--{flag} must be at least 1, got {getattr(args, flag)}")
     reason = multi30k_missing(args.data_dir) or (None if Path(args.model, "config.json").is_file()
