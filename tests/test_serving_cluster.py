@@ -34,7 +34,7 @@ def test_two_nodes_each_serve_a_replica(tmp_path, monkeypatch):
         ray.init(address=cluster.address, log_to_driver=False)
         cluster.wait_for_nodes()
         assert len([node for node in ray.nodes() if node["Alive"]]) == 2
-        serve.start(http_options={"host": "127.0.0.1", "port": port, "location": "HeadOnly"})
+        serve.start(http_options={"host": "127.0.0.1", "port": port}, proxy_location="HeadOnly")
         serve.run(build_application(folder, languages=("en", "de"), num_replicas=2, max_replicas_per_node=1,
                                     threads=1), name="translation", route_prefix="/")
         served_by = set()

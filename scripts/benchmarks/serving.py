@@ -129,27 +129,57 @@ def measure_server(command: list[str], port: int, sentences: list[str], requests
         subprocess.run([sys.executable, "-m", "ray.scripts.scripts", "stop", "--force"], capture_output=True)
 
 
-def engine_alone(engine: str, folder: str, sentences: list[str], threads: int) -> dict:
-    """The engine's own batched throughput (batches of 32) and one sentence's latency, in a process of its own."""
+def engine_alone(engine: str, folder: str, sentences: list[str], threads: int, processes: int) -> dict:
+    """The engine's own batched throughput (batches of 32) on the servers' CPU budget, `processes` of `threads`
+    threads each running at once as the replicas do, and one sentence's latency in a process alone."""
     code = f"""
 import json, statistics, sys, time, torch
 from vanilla_transformer.tools.engines import load_translator
-torch.set_num_threads({threads})
+torch.set_num_threads({threads} if {engine!r} == "transformers" else 1)
 translator = load_translator({engine!r}, {folder!r}, threads={threads})
-sentences = json.loads(sys.stdin.read())
+sentences = json.loads(sys.stdin.readline())
 translator.translate(sentences[:32], batch_size=32)
-batched = []
-for _ in range(3):
-    started = time.perf_counter(); translator.translate(sentences, batch_size=32); batched.append(time.perf_counter() - started)
-single = []
-for sentence in sentences[:64]:
-    started = time.perf_counter(); translator.translate([sentence]); single.append(time.perf_counter() - started)
-print(json.dumps({{"batched_sentences_per_s": len(sentences) / statistics.median(batched),
-                  "single_p50_ms": 1000 * statistics.median(single)}}))
+for sentence in sentences[:8]:
+    translator.translate([sentence])
+print("ready", flush=True)
+if sys.stdin.readline().strip() == "single":
+    single = []
+    for sentence in sentences[:64]:
+        started = time.perf_counter(); translator.translate([sentence]); single.append(time.perf_counter() - started)
+    print(json.dumps({{"single_p50_ms": 1000 * statistics.median(single)}}), flush=True)
+else:
+    started = time.perf_counter()
+    for _ in range(3):
+        translator.translate(sentences, batch_size=32)
+    print(json.dumps({{"sentences_per_s": 3 * len(sentences) / (time.perf_counter() - started)}}), flush=True)
 """
-    run = subprocess.run([sys.executable, "-c", code], input=json.dumps(sentences), capture_output=True, text=True,
-                         env=offline_env(), cwd=ROOT, check=True)
-    return json.loads(run.stdout.splitlines()[-1])
+
+    def start():
+        process = subprocess.Popen([sys.executable, "-c", code], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                                   text=True, env=offline_env(), cwd=ROOT)
+        process.stdin.write(json.dumps(sentences) + "\n")
+        process.stdin.flush()
+        assert process.stdout.readline().strip() == "ready"
+        return process
+
+    def ask(process, task):
+        process.stdin.write(task + "\n")
+        process.stdin.close()
+
+    def answer(process):
+        result = json.loads(process.stdout.readlines()[-1])
+        process.wait()
+        return result
+
+    workers = [start() for _ in range(processes)]  # loaded and warm before any is timed
+    for worker in workers:  # all at once, as the replicas run
+        ask(worker, "batched")
+    batched = [answer(worker) for worker in workers]
+    alone = start()
+    ask(alone, "single")
+    single = answer(alone)
+    return {"processes": processes, "threads": threads,
+            "batched_sentences_per_s": sum(b["sentences_per_s"] for b in batched), **single}
 
 
 def run_benchmark(args) -> dict:
@@ -170,7 +200,7 @@ def run_benchmark(args) -> dict:
     for name, (engine, folder) in folders.items():
         if name not in args.engines:
             continue
-        results["engines"][name] = engine_alone(engine, folder, sentences, args.threads)
+        results["engines"][name] = engine_alone(engine, folder, sentences, args.threads, args.num_replicas)
         for label, batch in (("Ray Serve, batches of up to 32", 32), ("Ray Serve, batching off", 1)):
             port = args.port
             command = [*serve, "--model", folder, "--engine", engine, "--max_batch_size", str(batch),
@@ -184,7 +214,8 @@ def run_benchmark(args) -> dict:
     print("pipeline() in FastAPI", flush=True)
     baseline = [sys.executable, "-m", "uvicorn", "--factory", "--port", str(args.port), "--log-level", "warning",
                 "scripts.benchmarks.serving:baseline_from_env"]
-    os.environ["BASELINE_MODEL"], os.environ["BASELINE_THREADS"] = folders["generate()"][1], str(args.threads)
+    # What a user writes first runs one process with torch's default threads: every core.
+    os.environ["BASELINE_MODEL"], os.environ["BASELINE_THREADS"] = folders["generate()"][1], str(os.cpu_count())
     results["servers"]["generate(): pipeline() in a FastAPI handler"] = {
         "engine": "generate()", "batching": False,
         "levels": measure_server(baseline, args.port, sentences, requests, work / "baseline.log")}
@@ -216,6 +247,8 @@ def render(results: dict, command: str) -> str:
         f"{results['sentences']} Multi30k validation sentences, each client sending one at a time over loopback "
         f"(requests per level: {', '.join(f'{c} clients {n}' for c, n in results['requests'].items())}).", "",
         "## Each engine alone (no server)", "",
+        "As many processes as a server has replicas, each of its threads, decoding batches of 32 at once; and one "
+        "sentence at a time in one process.", "",
         *markdown_table(["engine", "batches of 32, sentences/s", "one sentence, ms"], engines), "",
         "## Served", "",
         *markdown_table(["server", "clients", "sentences/s", "of the engine alone", "p50 ms", "p99 ms", "failed"],
@@ -228,12 +261,12 @@ def main(argv=None):
     parser.add_argument("--data_dir", default="../shared/data/multi30k")
     parser.add_argument("--sentences", type=int, default=256)
     parser.add_argument("--requests", type=int, default=256, help="Requests per level (a quarter at 1 client).")
-    parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--threads", type=int, default=1, help="Threads per replica (and per engine process).")
     parser.add_argument("--port", type=int, default=8123)
     parser.add_argument("--clients", type=int, nargs="+", default=list(CLIENTS), help="Concurrency levels.")
     parser.add_argument("--engines", nargs="+", default=["ctranslate2 int8", "generate()"],
                         choices=["ctranslate2 int8", "generate()"])
-    parser.add_argument("--num_replicas", type=int, default=1)
+    parser.add_argument("--num_replicas", type=int, default=2, help="Replicas per server (and engine processes).")
     parser.add_argument("--batch_wait_timeout_s", type=float, default=0.005)
     parser.add_argument("--no_baseline", dest="baseline", action="store_false",
                         help="Skip pipeline() in FastAPI.")

@@ -172,7 +172,8 @@ def build_application(model_dir, engine: str = "transformers", quantized: str | 
 
             from .engines import load_translator
 
-            torch.set_num_threads(threads)
+            # Only generate() computes in torch; another engine's threads would share the cores with torch's idle pool.
+            torch.set_num_threads(threads if engine == "transformers" else 1)
             self.translator = load_translator(engine, model_dir, quantized=quantized, threads=threads)
             limit = self.translator.max_positions
             self.max_tokens = min(limits.max_tokens, limit) if limit else limits.max_tokens
