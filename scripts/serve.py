@@ -1,8 +1,9 @@
 #!/usr/bin/env python
-"""Serve a trained model or an export over HTTP with LibreTranslate's API, on Ray Serve (`pip install ".[serve]"`):
+r"""Serve a trained model or an export over HTTP with LibreTranslate's API, on Ray Serve (`pip install ".[serve]"`):
 
     python scripts/serve.py --model demo_output/model
-    curl -s localhost:8000/translate -H 'Content-Type: application/json' -d '{"q": "I carry the blue pigs", "source": "en", "target": "de"}'
+    curl -s localhost:8000/translate -H 'Content-Type: application/json' \
+         -d '{"q": "I carry the blue pigs", "source": "en", "target": "de"}'
 
 Without --address it starts a Ray of its own on this machine; with --address it joins a running cluster (`ray start
 --head` on one machine, `ray start --address HEAD:6379` on the others), whose replicas serve behind every node's proxy.

@@ -51,7 +51,8 @@ def test_every_flag_on_every_page_exists():
 
 
 def test_a_misspelt_flag_is_caught(tmp_path):
-    shutil.copytree(pages.ROOT / "scripts", tmp_path / "scripts", ignore=shutil.ignore_patterns("results", "node_modules"))
+    shutil.copytree(pages.ROOT / "scripts", tmp_path / "scripts",
+                    ignore=shutil.ignore_patterns("results", "node_modules"))
     (tmp_path / "README.md").write_text(
         "```bash\n.venv/bin/python scripts/train.py --output_dir x \\\n    --no_such_flag 3\n```\n"
         "Inline: `python -m scripts.benchmarks.engines --model m --cpu-smoke`, and `--also_not_a_flag 1`.\n",

@@ -177,7 +177,8 @@ def peer_benchmark(results: Path = RESULTS) -> str:
     if compiled := bench.get("train_compiled"):
         c = compiled["systems"]
         rows.append([f"the same step under `torch.compile` ({compiled['backend']})",
-                     f"{c['ours_compiled']['median_s'] * 1000:,.0f} ms", f"{c['marian_compiled']['median_s'] * 1000:,.0f} ms",
+                     f"{c['ours_compiled']['median_s'] * 1000:,.0f} ms",
+                     f"{c['marian_compiled']['median_s'] * 1000:,.0f} ms",
                      f"{compiled['compiled_speed_vs_marian_compiled']:.2f}×", "–", "–"])
     for workload, label in (("greedy", "greedy"), ("beam", f"beam {bench['beam']['num_beams']}")):
         w = bench[workload]
@@ -198,7 +199,8 @@ def engines_report(results: Path = RESULTS) -> str:
         for decoding in ("greedy", "beam 4"):
             row = speed_rows[decoding]
             rows.append([cpu, f"{decoding}, sentences/s", f"{row['generate()']['sentences_per_s']:.1f}",
-                         *(f"{row[s]['sentences_per_s']:.1f} ({speedup(report, decoding, s)})" for s in ENGINE_SYSTEMS)])
+                         *(f"{row[s]['sentences_per_s']:.1f} ({speedup(report, decoding, s)})"
+                           for s in ENGINE_SYSTEMS)])
         model = report["models"][report["speed"]["model"]]
         rows.append([cpu, f"BLEU, all {model['sentences']:,} sentences, beam as saved",
                      *(f"{model['bleu'][f'{name}, as saved']:.2f}" for name in ("generate()", *ENGINE_SYSTEMS))])
@@ -214,7 +216,8 @@ def data_stage_table(results: Path = RESULTS) -> str:
             run = size[cache]
             bold = "**" if size is stage["sizes"][-1] else ""
             rows.append([f"{size['pairs']:,}", cache,
-                         *(f"{run['stages'][s]['seconds']:.1f} s / {run['stages'][s]['peak_rss_mib']:,}" for s in stages),
+                         *(f"{run['stages'][s]['seconds']:.1f} s / {run['stages'][s]['peak_rss_mib']:,}"
+                           for s in stages),
                          f"{bold}{run['seconds'] / 60:.2f} min{bold}", f"{bold}{run['peak_rss_mib']:,} MiB{bold}"])
     return table(["pairs", "cache", "read", "vocabulary", "tokenize", "plan", "first step", "whole command",
                   "peak RSS"], rows)
@@ -323,7 +326,7 @@ def fix(root: Path = ROOT, results: Path = RESULTS) -> list[Path]:
     return changed
 
 
-# ---------------------------------------------------------------------------------------------- commands, links, commits
+# ------------------------------------------------------------------------------------------ commands, links, commits
 FENCE = re.compile(r"^```[^\n]*\n(.*?)^```", re.MULTILINE | re.DOTALL)
 INLINE_CODE = re.compile(r"`([^`\n]+)`")
 LINK = re.compile(r"!?\[[^\]\n]*\]\(([^)\s]+)\)")

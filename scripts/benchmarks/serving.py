@@ -17,7 +17,6 @@ import asyncio
 import json
 import os
 import shutil
-import statistics
 import subprocess
 import sys
 import tempfile
@@ -123,7 +122,8 @@ def measure_server(command: list[str], port: int, sentences: list[str], requests
     try:
         wait_until_healthy(base, process)
         asyncio.run(load(f"{base}/translate", sentences, 4, 16))  # warm-up
-        return [asyncio.run(load(f"{base}/translate", sentences, clients, count)) for clients, count in requests.items()]
+        return [asyncio.run(load(f"{base}/translate", sentences, clients, count))
+                for clients, count in requests.items()]
     finally:
         stop(process)
         subprocess.run([sys.executable, "-m", "ray.scripts.scripts", "stop", "--force"], capture_output=True)

@@ -142,7 +142,8 @@ def model_languages(model_dir) -> tuple[str, str] | None:
 def build_application(model_dir, engine: str = "transformers", quantized: str | None = None,
                       languages: tuple[str, str] | None = None, num_replicas: int = 1, max_batch_size: int = 32,
                       batch_wait_timeout_s: float = 0.005, limits: Limits = Limits(),
-                      api_keys: frozenset[str] | None = None, threads: int = 1, max_replicas_per_node: int | None = None):
+                      api_keys: frozenset[str] | None = None, threads: int = 1,
+                      max_replicas_per_node: int | None = None):
     """The Ray Serve application: `serve.run(build_application(...))` serves it. `num_replicas` translators, each
     batching up to `max_batch_size` sentences that arrive within `batch_wait_timeout_s` of the first."""
     from fastapi import FastAPI, Request
