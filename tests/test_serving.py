@@ -82,7 +82,7 @@ def test_api_keys_are_checked_before_anything_else():
 
 
 def test_limits_must_be_positive():
-    with pytest.raises(ValueError, match="max_sentences must be an int of at least 1, got 0"):
+    with pytest.raises(ValueError, match="`max_sentences` must be an int of at least 1, got 0"):
         Limits(max_sentences=0)
 
 

@@ -305,7 +305,6 @@ class VanillaTransformerDecoder(_Stack):
     @accepts_past_key_values
     def forward(self, input_ids=None, attention_mask=None, encoder_hidden_states=None, encoder_attention_mask=None,
                 cache=None, inputs_embeds=None, use_cache=None, **kwargs) -> BaseModelOutputWithPastAndCrossAttentions:
-        use_cache = self.config.use_cache if use_cache is None else use_cache
         checkpointing = getattr(self.layers[0], "gradient_checkpointing", False)
         # Recomputed activations cannot append to a cache a second time.
         use_cache = use_cache and not (self.training and torch.is_grad_enabled() and checkpointing)

@@ -7,7 +7,8 @@ from pathlib import Path
 from .toolkit import markdown_table
 
 
-def table(header, rows):
+def table(header: list[str], rows: list[list]) -> str:
+    """A rendered block's table: its markdown lines and a final newline."""
     return "\n".join(markdown_table(header, rows)) + "\n"
 
 

@@ -16,6 +16,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from urllib.parse import parse_qs
 
+from .translation import check_positive_int
+
 PAGE = Path(__file__).with_name("serving_page.html")
 LANGUAGE_NAMES = {"en": "English", "de": "German", "fr": "French", "es": "Spanish", "it": "Italian", "cs": "Czech",
                   "ro": "Romanian", "ru": "Russian", "zh": "Chinese", "ja": "Japanese"}
@@ -31,9 +33,7 @@ class Limits:
 
     def __post_init__(self):
         for name in ("max_body_bytes", "max_sentences", "max_tokens"):
-            value = getattr(self, name)
-            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-                raise ValueError(f"{name} must be an int of at least 1, got {value!r}")
+            check_positive_int(name, getattr(self, name))
 
 
 class RequestError(Exception):
@@ -154,8 +154,8 @@ def build_application(model_dir, engine: str = "transformers", quantized: str | 
     languages = languages or model_languages(model_dir)
     if languages is None:
         raise ValueError(f"{model_dir} has no model card naming its two languages: give languages=(source, target)")
-    if isinstance(max_batch_size, bool) or not isinstance(max_batch_size, int) or max_batch_size < 1:
-        raise ValueError(f"max_batch_size must be an int of at least 1, got {max_batch_size!r}")
+    for name, value in (("num_replicas", num_replicas), ("max_batch_size", max_batch_size), ("threads", threads)):
+        check_positive_int(name, value)
     if not batch_wait_timeout_s >= 0:
         raise ValueError(f"batch_wait_timeout_s must be at least 0, got {batch_wait_timeout_s!r}")
     app = FastAPI(title="vanilla_transformer translation server")
@@ -180,6 +180,8 @@ def build_application(model_dir, engine: str = "transformers", quantized: str | 
             self.max_tokens = min(limits.max_tokens, limit) if limit else limits.max_tokens
             self.translate_batch.set_max_batch_size(max_batch_size)
             self.translate_batch.set_batch_wait_timeout_s(batch_wait_timeout_s)
+            self.page = PAGE.read_text(encoding="utf-8").replace("{{SOURCE}}", languages[0]).replace(
+                "{{TARGET}}", languages[1])
             context = serve.get_replica_context()
             self.served_by = f"{ray.get_runtime_context().get_node_id()[:12]}/{context.replica_id.unique_id}"
 
@@ -219,8 +221,7 @@ def build_application(model_dir, engine: str = "transformers", quantized: str | 
 
         @app.get("/", response_class=HTMLResponse)
         async def page(self):
-            return PAGE.read_text(encoding="utf-8").replace("{{SOURCE}}", languages[0]).replace(
-                "{{TARGET}}", languages[1])
+            return self.page
 
     return TranslationServer.bind()
 
