@@ -136,9 +136,10 @@ def test_train_script_runs_with_a_token_budget(tmp_path, monkeypatch):
         (tmp_path / f"{split}.de").write_text("\n".join(reversed(lines)) + "\n")
     from vanilla_transformer.training.trainer import PaperTrainer
 
-    seen, token_batches = [], PaperTrainer.token_batch_dataloader
-    monkeypatch.setattr(PaperTrainer, "token_batch_dataloader",
-                        lambda trainer, budget: seen.append(budget) or token_batches(trainer, budget))
+    seen, sampler = [], PaperTrainer._get_train_sampler
+    monkeypatch.setattr(PaperTrainer, "_get_train_sampler",
+                        lambda trainer, dataset=None: seen.append(sampler(trainer, dataset).max_tokens) or
+                        sampler(trainer, dataset))
     main = runpy.run_path(str(ROOT / "scripts" / "train.py"), run_name="cli")["main"]
     out = tmp_path / "run"
     main(["--output_dir", str(out), "--preset", "tiny", "--vocab_size", "200", "--max_tokens_per_batch", "96",
@@ -191,7 +192,7 @@ def test_the_budget_counts_the_padding_to_a_multiple():
     # Rounding up makes rows wider, so the same budget holds fewer of them than without it.
     assert len(batches) > len(sampler().global_batches())
     assert batch_cost([5, 9], [3, 2], pad_to_multiple_of=8) == 2 * 16 and batch_cost([5], [3]) == 5
-    with pytest.raises(ValueError, match="pad_to_multiple_of must be a positive int, got 0"):
+    with pytest.raises(ValueError, match="pad_to_multiple_of must be an int of at least 1, got 0"):
         sampler(pad_to_multiple_of=0)
 
 

@@ -54,6 +54,25 @@ def test_a_short_training_run_saves_a_folder_that_translates_like_the_trained_mo
     assert json.loads((output / "results.json").read_text())["test"]["bleu"] == results["test"]["bleu"]
 
 
+def test_run_reports_its_stages_and_leaves_its_arguments_as_given(tmp_path):
+    from transformers import TrainerCallback
+
+    class TrainerArguments(TrainerCallback):
+        def on_train_begin(self, args, state, control, **kwargs):
+            self.seen = (args.gradient_accumulation_steps, args.generation_max_length)
+
+    parsed = parse(TINY_RUN + ["--output_dir", str(tmp_path / "run"), "--per_device_train_batch_size", "8",
+                               "--tokens_per_step", "600", "--max_tokens_per_device", "150", "--max_steps", "2"])
+    stages, seen = [], TrainerArguments()
+    results = run(*parsed, callbacks=[seen], on_stage_end=stages.append)
+    assert stages == ["read", "vocabulary", "tokenize", "plan"]
+    plan = results["train"]["batch_plan"]
+    assert plan["gradient_accumulation_steps"] > 1 and results["train"]["length_filter"]["dropped"] == 0
+    # Trainer ran with what the data decided; the arguments the caller passed are as they were.
+    assert seen.seen == (plan["gradient_accumulation_steps"], parsed[1].max_target_length)
+    assert (parsed[3].gradient_accumulation_steps, parsed[3].generation_max_length) == (1, None)
+
+
 def test_the_noam_schedule_drives_the_trainer(tmp_path):
     arguments = TINY_RUN + ["--output_dir", str(tmp_path / "run"), "--max_eval_samples", "2"]
     arguments[arguments.index("--save_strategy") + 1] = "steps"
@@ -184,8 +203,7 @@ def test_a_patience_of_0_given_after_a_recipes_trains_to_the_end(tmp_path):
         arguments[arguments.index(flag) + 1] = value
     results = run(*parse(arguments))
     assert results["train"]["steps"] == 20 and "early_stopping" not in results["train"]
-    with pytest.raises(ValueError, match=re.escape("--early_stopping_patience must be a non-negative int (0: off), "
-                                                   "got -1")):
+    with pytest.raises(ValueError, match=re.escape("--early_stopping_patience must be an int of at least 0, got -1")):
         parse(arguments + ["--early_stopping_patience", "-1"])
 
 
@@ -365,7 +383,7 @@ def test_train_script_trains_compiled_with_the_noam_schedule_on_padded_token_bat
 
 
 def test_pad_to_multiple_of_must_be_positive_and_the_optimizer_is_fused_adamw(tmp_path):
-    with pytest.raises(ValueError, match="--pad_to_multiple_of must be a positive int, got 0"):
+    with pytest.raises(ValueError, match="--pad_to_multiple_of must be an int of at least 1, got 0"):
         parse(TINY_RUN + ["--output_dir", str(tmp_path), "--pad_to_multiple_of", "0"])
     args = parse(TINY_RUN + ["--output_dir", str(tmp_path)])[3]
     assert args.optim == "adamw_torch_fused"  # Trainer's default from torch 2.8: one kernel per step, not per tensor

@@ -61,10 +61,10 @@ def test_an_input_too_long_is_refused_by_index_before_anything_is_decoded():
         EchoTranslator(SAVED).translate(SOURCES, max_source_length=3)
 
 
-@pytest.mark.parametrize("argument, value", [("batch_size", 0), ("num_beams", 0), ("max_new_tokens", -1),
-                                             ("batch_size", 2.5)])
-def test_bad_settings_are_named(argument, value):
-    with pytest.raises(ValueError, match=f"`{argument}` must be an int of at least 1, got {value}"):
+@pytest.mark.parametrize("argument, value, error", [("batch_size", 0, ValueError), ("num_beams", 0, ValueError),
+                                                    ("max_new_tokens", -1, ValueError), ("batch_size", 2.5, TypeError)])
+def test_bad_settings_are_named(argument, value, error):
+    with pytest.raises(error, match=f"`{argument}` must be an int of at least 1, got {value}"):
         EchoTranslator(SAVED).translate(SOURCES, **{argument: value})
     with pytest.raises(TypeError, match="a list of strings, not one string"):
         EchoTranslator(SAVED).translate("w5 w6")

@@ -9,6 +9,8 @@ from transformers import GenerationConfig
 from transformers.activations import ACT2FN
 from transformers.configuration_utils import PreTrainedConfig
 
+from .support_vanilla_transformer import check_int
+
 AUTO_MAP = {
     "AutoConfig": "configuration_vanilla_transformer.VanillaTransformerConfig",
     "AutoModel": "modeling_vanilla_transformer.VanillaTransformerModel",
@@ -115,11 +117,7 @@ class VanillaTransformerConfig(PreTrainedConfig):
         sizes = ["vocab_size", "d_model", "encoder_layers", "decoder_layers", "encoder_attention_heads",
                  "decoder_attention_heads", "encoder_ffn_dim", "decoder_ffn_dim"]
         for name in sizes:
-            value = getattr(self, name)
-            if isinstance(value, bool) or not isinstance(value, int):
-                raise TypeError(f"`{name}` must be an int, got {value!r} ({type(value).__name__}).")
-            if value <= 0:
-                raise ValueError(f"`{name}` must be positive, got {value}.")
+            check_int(f"`{name}`", getattr(self, name))
         for name in ["normalize_before", "scale_embedding", "lm_head_bias"]:
             value = getattr(self, name)
             if not isinstance(value, bool):  # the string "False" would silently read as true

@@ -1,5 +1,5 @@
 """What the modeling file needs that is not section 3 of the paper: the cache's name across transformers versions,
-the input checks, the loss and dropout kernels, and the paper's decoding options for `generate()` (§6.1).
+the argument and input checks, the loss kernel, and the paper's decoding options for `generate()` (§6.1).
 
 The Hub serves this file beside the modeling file (remote code copies its relative imports), so it imports only
 torch, transformers and the standard library.
@@ -39,6 +39,15 @@ def accepts_past_key_values(forward):
 
 
 # Input checks: bad input fails at the entry point it was passed to, named as the user passed it ---------------------
+
+def check_int(name: str, value, at_least: int = 1):
+    """The one check of a count the package takes (a flag, an argument, a config field): an int (a bool is not one)
+    of at least `at_least`; `name` is how the user passed it (`--num_beams`, `` `batch_size` ``)."""
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise TypeError(f"{name} must be an int of at least {at_least}, got {value!r} ({type(value).__name__}).")
+    if value < at_least:
+        raise ValueError(f"{name} must be an int of at least {at_least}, got {value!r}.")
+
 
 def check_token_ids(ids: torch.Tensor, name: str, vocab_size: int, allow: int | None = None,
                     read_values: bool = True):

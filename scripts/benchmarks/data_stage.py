@@ -5,8 +5,9 @@ first run's vocabulary, a new output folder), at 0.45M and 4.5M pairs: Multi30k'
     python -m scripts.benchmarks.data_stage                       # 0.45M and 4.5M pairs, about 10 minutes on 2 cores
     python -m scripts.benchmarks.data_stage --pairs 100000        # a quick look
 
-Each run is `scripts/train.py` with the base preset, a 37,000-token vocabulary, 4,000-token batches and 2 steps, in a
-process of its own; its peak RSS is the largest of its processes (the main one or a tokenizing worker), as
+Each run is scripts/train.py's `run()` with the base preset, a 37,000-token vocabulary, 4,000-token batches and 2
+steps, in a process of its own, timed stage by stage by `StageClock` (run's `on_stage_end`, and a Trainer callback
+for the first step); its peak RSS is the largest of its processes (the main one or a tokenizing worker), as
 `/usr/bin/time -v` reports it. The corpora and runs go to --work_dir (never into the repository: the data is for
 research use only).
 """
@@ -16,12 +17,16 @@ from __future__ import annotations
 import argparse
 import itertools
 import json
+import logging
 import os
+import resource
 import shutil
 import subprocess
 import sys
 import time
 from pathlib import Path
+
+from transformers import TrainerCallback
 
 from .toolkit import command_line, environment, format_load, markdown_table, multi30k_missing, write_report
 
@@ -45,23 +50,56 @@ def write_corpus(folder: Path, pairs: int) -> dict[str, Path]:
     return files
 
 
+class StageClock(TrainerCallback):
+    """Seconds and peak memory (MiB, this process or its largest worker) at the end of each stage of a run, up to
+    the first optimizer step."""
+
+    def __init__(self):
+        self.started = self.last = time.perf_counter()
+        self.times: dict[str, dict[str, float]] = {}
+
+    def stage(self, name: str):
+        now = time.perf_counter()
+        peak_kib = max(resource.getrusage(who).ru_maxrss for who in (resource.RUSAGE_SELF, resource.RUSAGE_CHILDREN))
+        self.times[name] = {"seconds": round(now - self.last, 2), "peak_rss_mib": round(peak_kib / 1024)}
+        logging.getLogger(__name__).warning("%s: %.1f s (%.1f s since the start), peak RSS %d MiB", name,
+                                            now - self.last, now - self.started, peak_kib // 1024)
+        self.last = now
+
+    def on_step_end(self, args, state, control, **kwargs):
+        if "first_step" not in self.times:
+            self.stage("first_step")
+
+
+def timed_training(argv: list[str]):
+    """What scripts/train.py does with `argv`, its stages timed into OUTPUT_DIR/data_stage.json."""
+    from vanilla_transformer.training import parse_training_args, run
+
+    clock = StageClock()
+    model_args, data, recipe, args = parse_training_args(argv)
+    run(model_args, data, recipe, args, callbacks=[clock], on_stage_end=clock.stage)
+    (Path(args.output_dir) / "data_stage.json").write_text(json.dumps(clock.times, indent=2))
+
+
 def timed_run(files: dict[str, Path], output_dir: Path, cache: Path, extra: list[str]) -> dict:
-    """scripts/train.py in a fresh process: its stage times (results.json), wall time and peak RSS."""
-    command = [sys.executable, str(ROOT / "scripts" / "train.py"), "--output_dir", str(output_dir),
-               "--train_source_file", str(files["en"]), "--train_target_file", str(files["de"]), *TRAIN_FLAGS, *extra]
+    """scripts/train.py's run in a fresh process: its stage times, wall time and peak RSS."""
+    flags = ["--output_dir", str(output_dir), "--train_source_file", str(files["en"]),
+             "--train_target_file", str(files["de"]), *TRAIN_FLAGS, *extra]
+    command = [sys.executable, "-c", "import sys; from scripts.benchmarks.data_stage import timed_training; "
+               "timed_training(sys.argv[1:])", *flags]
     env = {**os.environ, "HF_DATASETS_CACHE": str(cache), "HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1"}
     log = output_dir.with_name(output_dir.name + ".log")
     log.parent.mkdir(parents=True, exist_ok=True)
     started = time.perf_counter()
     with open(log, "w") as stream:
-        process = subprocess.Popen(command, env=env, stdout=stream, stderr=subprocess.STDOUT)
+        process = subprocess.Popen(command, env=env, stdout=stream, stderr=subprocess.STDOUT, cwd=ROOT)
         _, status, usage = os.wait4(process.pid, 0)  # this child's own rusage: its peak, or its largest worker's
     seconds = time.perf_counter() - started
     if os.waitstatus_to_exitcode(status) != 0:
         raise RuntimeError(f"{' '.join(command)} failed (log: {log}):\n{log.read_text()[-4000:]}")
-    stages = json.loads((output_dir / "results.json").read_text())["train"]["data_stage"]
+    stages = json.loads((output_dir / "data_stage.json").read_text())
     return {"seconds": round(seconds, 1), "peak_rss_mib": round(usage.ru_maxrss / 1024), "stages": stages,
-            "command": " ".join(command[1:])}
+            "command": " ".join(["scripts/train.py", *flags])}
 
 
 def measure(pairs: int, work_dir: Path) -> dict:

@@ -29,9 +29,10 @@ import torch
 from transformers import AutoModelForSeq2SeqLM, AutoTokenizer, TrainerCallback
 
 from vanilla_transformer.data.corpora import load_parallel_text_files
+from vanilla_transformer.tools.model_card import write_run_card
 from vanilla_transformer.training import check_run_can_start, evaluate_bleu, parse_training_args, run
 from vanilla_transformer.training.precision import native_bf16
-from vanilla_transformer.training.run import write_model_card
+from vanilla_transformer.training.run import dataset_description
 
 ROOT = Path(__file__).resolve().parents[2]
 MULTI30K = ROOT.parent / "shared" / "data" / "multi30k"
@@ -195,7 +196,8 @@ def main(argv=None) -> dict:
         results["held_out"] = held_out
     results["minutes"] = (time.time() - start) / 60
     (folder / "results.json").write_text(json.dumps(results, indent=2, default=str))
-    write_model_card(folder, model_args, data, results, held_out)
+    write_run_card(folder, results, languages=[data.source_lang, data.target_lang], license=model_args.license,
+                   dataset_name=dataset_description(data), held_out=held_out)
     plot_bleu_curve(folder, results, lowercase=chosen["lowercase"])
     print(json.dumps({"output_dir": str(folder), "minutes": round(results["minutes"], 1),
                       "validation_bleu": results["validation"]["bleu"],

@@ -57,6 +57,7 @@ from torch.utils.data import Sampler
 from transformers import DataCollatorForSeq2Seq
 
 from ..modeling_vanilla_transformer import check_token_ids
+from ..support_vanilla_transformer import check_int
 
 logger = logging.getLogger(__name__)
 
@@ -137,12 +138,12 @@ class TokenBucketBatchSampler(Sampler[list[int]]):
                              f"shapes {source.shape} and {target.shape}.")
         if source.size == 0:
             raise ValueError("`source_lengths` is empty: there are no examples to batch.")
-        if isinstance(max_tokens, bool) or not isinstance(max_tokens, int) or max_tokens < 1:
-            raise ValueError(f"max_tokens must be a positive int, got {max_tokens!r}.")
-        if isinstance(pad_to_multiple_of, bool) or not isinstance(pad_to_multiple_of, int) or pad_to_multiple_of < 1:
-            raise ValueError(f"pad_to_multiple_of must be a positive int, got {pad_to_multiple_of!r}.")
-        if not isinstance(num_replicas, int) or num_replicas < 1 or not 0 <= rank < num_replicas:
-            raise ValueError(f"Need num_replicas >= 1 and 0 <= rank < num_replicas, got {num_replicas=}, {rank=}.")
+        check_int("max_tokens", max_tokens)
+        check_int("pad_to_multiple_of", pad_to_multiple_of)
+        check_int("num_replicas", num_replicas)
+        check_int("rank", rank, at_least=0)
+        if rank >= num_replicas:
+            raise ValueError(f"rank must be below num_replicas, got {rank=}, {num_replicas=}.")
         self.source_lengths, self.target_lengths = source, target
         self.max_tokens = max_tokens
         self.pad_to_multiple_of = pad_to_multiple_of
@@ -230,8 +231,7 @@ def plan_token_batches(tokens_per_step: int, world_size: int, max_tokens_per_dev
     Devices hold at most `max_tokens_per_device` per micro-batch; beyond that the plan accumulates."""
     for name, value in (("tokens_per_step", tokens_per_step), ("world_size", world_size),
                         ("max_tokens_per_device", max_tokens_per_device)):
-        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-            raise ValueError(f"{name} must be a positive int, got {value!r}.")
+        check_int(name, value)
     source = np.asarray(source_lengths, dtype=np.int64)
     target = np.asarray(target_lengths, dtype=np.int64)
     accumulation = -(-tokens_per_step // (world_size * max_tokens_per_device))

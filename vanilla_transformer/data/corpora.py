@@ -1,10 +1,12 @@
 """Parallel corpora in the Hugging Face translation format: {"translation": {src_lang: ..., tgt_lang: ...}}.
 
 Text stays in memory-mapped Arrow from the files to the token ids, as fairseq-preprocess keeps it in binarized
-files: text files are read chunk by chunk into an Arrow file in 🤗 datasets' cache (keyed by the files' paths, sizes
-and modification times, so a second run reads it back), the shared vocabulary trains from an iterator over that
-column (`sentence_batches`), and `tokenize_parallel` maps over it with `num_proc` processes into datasets' cache,
-keyed by the data and the tokenizer, so the next run with the same data and vocabulary starts from the ids.
+files: files are read chunk by chunk by a 🤗 datasets builder (`ParallelFiles`, the `text` builder's sibling for
+line-aligned pairs), which writes them into datasets' cache under a configuration id hashed from the files' paths,
+sizes and modification times, so a second run reads them back and an edited file is read anew; the shared
+vocabulary trains from an iterator over that column (`sentence_batches`), and `tokenize_parallel` maps over it with
+`num_proc` processes into datasets' cache, keyed by the data and the tokenizer, so the next run with the same data
+and vocabulary starts from the ids.
 """
 
 from __future__ import annotations
@@ -22,17 +24,24 @@ from pathlib import Path
 import numpy as np
 import pyarrow as pa
 from datasets import (
+    ArrowBasedBuilder,
+    BuilderConfig,
     Dataset,
     DatasetDict,
+    DatasetInfo,
+    DownloadMode,
     Features,
     IterableDataset,
     IterableDatasetDict,
+    Split,
+    SplitGenerator,
     Translation,
+    Version,
     config,
     load_dataset,
     load_from_disk,
 )
-from datasets.arrow_writer import ArrowWriter
+from datasets.exceptions import DatasetGenerationError
 from tokenizers import Tokenizer
 from transformers import PreTrainedTokenizerBase
 
@@ -42,8 +51,6 @@ logger = logging.getLogger(__name__)
 
 PathLike = str | os.PathLike
 CHUNK = 100_000  # lines read, checked and written at a time: memory stays flat in the corpus size
-# Bump when what a cached Arrow file holds changes, so old files are not read back.
-CACHE_FORMAT = 2
 # A chunk of pairs: sources, targets, and where row i's side s (0 source, 1 target) came from, for errors.
 _Chunk = tuple[list[str], list[str], Callable[[int, int], str]]
 
@@ -108,62 +115,93 @@ def _row_chunks(rows: Iterator[tuple[str, str, str]]) -> Iterator[_Chunk]:
         yield src, tgt, lambda i, side, where=where: where[i]
 
 
-def _cache_file(kind: str, paths: list[PathLike], src_lang: str, tgt_lang: str, cache_dir: PathLike | None) -> Path:
-    stats = [(str(Path(p).resolve()), os.stat(p).st_size, os.stat(p).st_mtime_ns) for p in paths]
-    key = hashlib.sha256(json.dumps([CACHE_FORMAT, kind, stats, src_lang, tgt_lang]).encode()).hexdigest()[:32]
-    return Path(cache_dir or config.HF_DATASETS_CACHE) / "vanilla_transformer" / "parallel_text" / f"{key}.arrow"
+def _identity(paths: list[PathLike]) -> tuple[tuple[str, int, int], ...]:
+    """What tells a file's contents apart without reading it: its resolved path, size and modification time."""
+    return tuple((str(Path(p).resolve()), os.stat(p).st_size, os.stat(p).st_mtime_ns) for p in paths)
 
 
-def _arrow_dataset(chunks: Iterator[_Chunk], files: tuple[PathLike, PathLike], src_lang: str, tgt_lang: str,
-                   path: Path, overwrite_cache: bool) -> Dataset:
-    """The pairs of `chunks` as a memory-mapped Dataset, written to `path` unless it is there already: blank pairs
-    skipped, a pair empty on one side refused with its file and line."""
+@dataclass
+class ParallelFilesConfig(BuilderConfig):
+    """One corpus: `files` are two line-aligned text files, or one .tsv or .jsonl file (`file_format`). datasets
+    hashes every field into the cache directory's name, so `identity` keeps two files apart that share a path."""
+
+    files: tuple[str, ...] = ()
+    file_format: str = "text"
+    identity: tuple[tuple[str, int, int], ...] = ()
+    src_lang: str = "en"
+    tgt_lang: str = "de"
+
+
+class ParallelFiles(ArrowBasedBuilder):
+    """Translation pairs from files into datasets' cache, checked on the way: blank pairs skipped, a pair empty on
+    one side, a misaligned or undecodable line, a bad .tsv or .jsonl record refused with its file and line."""
+
+    BUILDER_CONFIG_CLASS = ParallelFilesConfig
+    VERSION = Version("3.0.0")  # bump when what a cached Arrow file holds changes, so old files are not read back
+
+    def _info(self) -> DatasetInfo:
+        return DatasetInfo(features=Features(
+            {"translation": Translation(languages=[self.config.src_lang, self.config.tgt_lang])}))
+
+    def _split_generators(self, dl_manager) -> list[SplitGenerator]:
+        return [SplitGenerator(name=Split.TRAIN)]
+
+    def _generate_tables(self) -> Iterator[tuple[int, pa.Table]]:
+        files, src_lang, tgt_lang = self.config.files, self.config.src_lang, self.config.tgt_lang
+        if self.config.file_format == "text":
+            chunks = _text_chunks(*files)
+        elif self.config.file_format == "tsv":
+            chunks = _row_chunks(_tsv_rows(files[0]))
+        else:
+            chunks = _row_chunks(_jsonl_rows(files[0], src_lang, tgt_lang))
+        languages = sorted((src_lang, tgt_lang))  # the order of datasets' Translation struct
+        blank, kept = 0, 0
+        for index, (src, tgt, where) in enumerate(chunks):
+            keep = []
+            for i, pair in enumerate(zip(src, tgt)):
+                if pair[0] and pair[1]:
+                    keep.append(i)
+                elif pair[0] or pair[1]:
+                    side = 0 if not pair[0] else 1
+                    lang = (src_lang, tgt_lang)[side]
+                    raise ValueError(f"{where(i, side)}: empty {lang!r} sentence while the other side is not empty")
+                else:
+                    blank += 1  # blank on both sides: a document separator in corpora like News Commentary
+            kept += len(keep)
+            columns = {src_lang: [src[i] for i in keep], tgt_lang: [tgt[i] for i in keep]}
+            pairs = pa.StructArray.from_arrays([pa.array(columns[lang], pa.string()) for lang in languages],
+                                               names=languages)
+            yield index, pa.table({"translation": pairs})
+        if not kept:  # every line blank on both sides (a line blank on one side only was refused above)
+            raise ValueError(f"{files[0]} is empty" if len(files) == 1 else f"{files[0]} and {files[1]} are empty")
+        if blank:
+            logger.info("%s: skipped %d lines that are blank on both sides", " + ".join(files), blank)
+
+
+def _load_files(files: list[PathLike], file_format: str, src_lang: str, tgt_lang: str, cache_dir: PathLike | None,
+                download_mode: DownloadMode | str | None) -> Dataset:
     if src_lang == tgt_lang:
         raise ValueError(f"src_lang and tgt_lang (--source_lang, --target_lang) are both {src_lang!r}")
-    if path.is_file() and not overwrite_cache:
-        logger.info("Reading %s + %s from the cache: %s", *files, path)
-        return Dataset.from_file(str(path))
-    languages = sorted((src_lang, tgt_lang))  # the order of datasets' Translation struct
-    features = Features({"translation": Translation(languages=[src_lang, tgt_lang])})
-    path.parent.mkdir(parents=True, exist_ok=True)
-    partial = path.with_name(f"{path.stem}.{os.getpid()}.incomplete")
-    blank, kept = 0, 0
+    builder = ParallelFiles(
+        cache_dir=None if cache_dir is None else str(cache_dir), dataset_name="parallel_files",
+        writer_batch_size=CHUNK,  # one record batch a chunk: each batch's metadata is a page the reader touches
+        files=tuple(str(f) for f in files), file_format=file_format, identity=_identity(files),
+        src_lang=src_lang, tgt_lang=tgt_lang)
     try:
-        # One record batch a chunk: each batch's metadata is a page the reader touches (and the kernel maps around).
-        with ArrowWriter(features=features, path=str(partial), writer_batch_size=CHUNK) as writer:
-            for src, tgt, where in chunks:
-                keep = []
-                for i, pair in enumerate(zip(src, tgt)):
-                    if pair[0] and pair[1]:
-                        keep.append(i)
-                    elif pair[0] or pair[1]:
-                        side = 0 if not pair[0] else 1
-                        lang = (src_lang, tgt_lang)[side]
-                        raise ValueError(f"{where(i, side)}: empty {lang!r} sentence while the other side is not empty")
-                    else:
-                        blank += 1  # blank on both sides: a document separator in corpora like News Commentary
-                kept += len(keep)
-                columns = {src_lang: [src[i] for i in keep], tgt_lang: [tgt[i] for i in keep]}
-                pairs = pa.StructArray.from_arrays([pa.array(columns[lang], pa.string()) for lang in languages],
-                                                   names=languages)
-                writer.write_table(pa.table({"translation": pairs}))
-        if not kept:  # every line blank on both sides (a line blank on one side only was refused above)
-            raise ValueError(f"{files[0]} is empty" if files[0] == files[1] else f"{files[0]} and {files[1]} are empty")
-        os.replace(partial, path)  # whole or not at all: another process may be reading the same key
-    finally:
-        partial.unlink(missing_ok=True)
-    if blank:
-        logger.info("%s + %s: skipped %d lines that are blank on both sides", *files, blank)
-    return Dataset.from_file(str(path))
+        builder.download_and_prepare(download_mode=download_mode)
+    except DatasetGenerationError as err:  # datasets wraps what the files were refused for; the reason is ours
+        if isinstance(err.__cause__, ValueError):
+            raise err.__cause__
+        raise
+    return builder.as_dataset(split=Split.TRAIN)
 
 
 def load_parallel_text_files(src_path: PathLike, tgt_path: PathLike, src_lang: str, tgt_lang: str,
-                             cache_dir: PathLike | None = None, overwrite_cache: bool = False) -> Dataset:
+                             cache_dir: PathLike | None = None,
+                             download_mode: DownloadMode | str | None = None) -> Dataset:
     """Two line-aligned text files as a memory-mapped Dataset, read once into datasets' cache (or `cache_dir`);
-    `overwrite_cache` reads them again."""
-    path = _cache_file("text", [src_path, tgt_path], src_lang, tgt_lang, cache_dir)
-    return _arrow_dataset(_text_chunks(src_path, tgt_path), (src_path, tgt_path), src_lang, tgt_lang, path,
-                          overwrite_cache)
+    `download_mode="force_redownload"` reads them again, as `load_dataset` takes it."""
+    return _load_files([src_path, tgt_path], "text", src_lang, tgt_lang, cache_dir, download_mode)
 
 
 def _tsv_rows(path: PathLike) -> Iterator[tuple[str, str, str]]:
@@ -201,20 +239,15 @@ def _jsonl_rows(path: PathLike, src_lang: str, tgt_lang: str) -> Iterator[tuple[
 
 
 def load_translation_file(path: PathLike, src_lang: str, tgt_lang: str, cache_dir: PathLike | None = None,
-                          overwrite_cache: bool = False) -> Dataset:
+                          download_mode: DownloadMode | str | None = None) -> Dataset:
     """A .tsv (source, tab, target) or .jsonl file as a memory-mapped Dataset, cached like text files."""
     suffix = Path(path).suffix.lower()
-    if suffix == ".tsv":
-        rows = _tsv_rows(path)
-    elif suffix in (".jsonl", ".json"):
-        rows = _jsonl_rows(path, src_lang, tgt_lang)
-    else:
+    if suffix not in (".tsv", ".jsonl", ".json"):
         raise ValueError(
             f"{path}: unsupported extension {suffix!r}; expected .tsv, .jsonl or .json "
             "(for plain text, pass a source and a target file; for other formats use load_dataset_by_name)"
         )
-    cache = _cache_file(suffix, [path], src_lang, tgt_lang, cache_dir)
-    return _arrow_dataset(_row_chunks(rows), (path, path), src_lang, tgt_lang, cache, overwrite_cache)
+    return _load_files([path], "tsv" if suffix == ".tsv" else "jsonl", src_lang, tgt_lang, cache_dir, download_mode)
 
 
 def _check_translation_column(dataset: Dataset | IterableDataset, where: str, src_lang: str, tgt_lang: str) -> None:
@@ -261,7 +294,8 @@ def load_dataset_by_name(
             # named alike, or one whose files changed, would read each other's cached splits.
             files = sorted(p for p in folder.rglob("*") if p.is_file() and not any(
                 part.startswith(".") for part in p.relative_to(folder).parts))  # not a clone's .git
-            kwargs["cache_dir"] = str(_cache_file("folder", files, src_lang, tgt_lang, None).with_suffix(""))
+            key = hashlib.sha256(json.dumps(_identity(files)).encode()).hexdigest()[:32]
+            kwargs["cache_dir"] = str(Path(config.HF_DATASETS_CACHE) / "vanilla_transformer" / "folders" / key)
         dataset = load_dataset(str(name_or_path), config_name, **kwargs)
 
     if isinstance(dataset, (DatasetDict, IterableDatasetDict)):
@@ -282,16 +316,15 @@ def load_parallel_data(
     **kwargs,
 ) -> Dataset | DatasetDict | IterableDataset | IterableDatasetDict:
     """Two text files (`source`, `target`), one .tsv/.jsonl file, or a dataset by name or folder (with
-    `config_name`); `kwargs` go to the loader (`cache_dir`, and `overwrite_cache` for files)."""
+    `config_name`); `kwargs` go to the loader (`cache_dir` and `download_mode` for files, as `load_dataset` takes
+    them)."""
     if Path(source).is_file() or target is not None:
-        if config_name is not None or set(kwargs) - {"cache_dir", "overwrite_cache"}:
+        if config_name is not None or set(kwargs) - {"cache_dir", "download_mode"}:
             raise ValueError(f"config_name={config_name!r} (--dataset_config_name) and extra arguments {sorted(kwargs)} "
                              f"apply only to datasets, not to the file {source}")
         if target is not None:
             return load_parallel_text_files(source, target, src_lang, tgt_lang, **kwargs)
         return load_translation_file(source, src_lang, tgt_lang, **kwargs)
-    if kwargs.pop("overwrite_cache", False):
-        kwargs["download_mode"] = "force_redownload"
     return load_dataset_by_name(source, src_lang, tgt_lang, config_name, **kwargs)
 
 

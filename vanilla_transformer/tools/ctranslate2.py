@@ -23,6 +23,7 @@ import torch
 from .exports import read_export_record, require, write_export_record
 from .folders import check_output_dir, load_model_and_tokenizer, staged_output_dir
 from ..modeling_vanilla_transformer import SinusoidalPositionalEncoding
+from ..support_vanilla_transformer import check_int
 from .translation import Translator
 from .verification import VerificationError, check_close, float32_reference, verification_batch
 
@@ -119,8 +120,7 @@ def export_ctranslate2(model_or_dir, output_dir, quantization: str | None = None
     export is written after that check of its float32 twin (quantization error is the engine's, not a mapping's).
     The folder appears only once it is complete."""
     ct2 = _ctranslate2()
-    if isinstance(max_positions, bool) or not isinstance(max_positions, int) or max_positions < 3:
-        raise ValueError(f"max_positions must be an int of at least 3 (a token and eos, a side), got {max_positions!r}.")
+    check_int("max_positions (a token and eos, a side)", max_positions, at_least=3)
     output_dir = check_output_dir(output_dir)
     model, tokenizer = load_model_and_tokenizer(model_or_dir, tokenizer)
     transformer_spec(model, tokenizer, max_positions)  # refuses what CTranslate2 cannot express, before any write

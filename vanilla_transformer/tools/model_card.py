@@ -248,6 +248,23 @@ def render_model_card(folder: str | os.PathLike, *, template_path: str | os.Path
     return ModelCard(template.render(card_data=card_data.to_yaml(), **variables))
 
 
+def write_run_card(folder: str | os.PathLike, results: dict, *, languages: list[str], license: str | None,
+                   dataset_name: str, held_out: list[dict] | None = None) -> Path:
+    """README.md of a finished training run from its results (results.json's content): the test (else validation)
+    scores, and `held_out`, more scored sets (each like `eval_results`, with its own `dataset_name`)."""
+    split = "test" if "test" in results else "validation" if "validation" in results else None
+    card = render_model_card(
+        folder, languages=languages, license=license, datasets=None,
+        eval_results=None if split is None else {**results[split], "dataset_split": split},
+        dataset_name=dataset_name, held_out_results=held_out,
+        training_summary=f"{results['train']['steps']} optimizer steps of the paper's recipe "
+                         f"(scripts/train.py; see results.json and training_curves.png).",
+    )
+    path = Path(folder) / "README.md"
+    card.save(path)
+    return path
+
+
 def check_model_card_metadata(card: ModelCard | str | os.PathLike) -> ModelCardData:
     """Offline stand-in for `ModelCard.validate()` (which needs the Hub): parse the card's YAML header as the Hub
     client does and check the fields a translation model needs. Raises ValueError; returns the parsed data."""
@@ -273,5 +290,5 @@ def check_model_card_metadata(card: ModelCard | str | os.PathLike) -> ModelCardD
     return data
 
 
-__all__ = ["TEMPLATE_PATH", "render_model_card", "model_card_variables", "check_model_card_metadata",
+__all__ = ["TEMPLATE_PATH", "render_model_card", "write_run_card", "model_card_variables", "check_model_card_metadata",
            "count_parameters", "hyperparameters"]

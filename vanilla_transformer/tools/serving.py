@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from urllib.parse import parse_qs
 
-from .translation import check_positive_int
+from ..support_vanilla_transformer import check_int
 
 PAGE = Path(__file__).with_name("serving_page.html")
 LANGUAGE_NAMES = {"en": "English", "de": "German", "fr": "French", "es": "Spanish", "it": "Italian", "cs": "Czech",
@@ -33,7 +33,7 @@ class Limits:
 
     def __post_init__(self):
         for name in ("max_body_bytes", "max_sentences", "max_tokens"):
-            check_positive_int(name, getattr(self, name))
+            check_int(f"`{name}`", getattr(self, name))
 
 
 class RequestError(Exception):
@@ -155,7 +155,7 @@ def build_application(model_dir, engine: str = "transformers", quantized: str | 
     if languages is None:
         raise ValueError(f"{model_dir} has no model card naming its two languages: give languages=(source, target)")
     for name, value in (("num_replicas", num_replicas), ("max_batch_size", max_batch_size), ("threads", threads)):
-        check_positive_int(name, value)
+        check_int(f"`{name}`", value)
     if not batch_wait_timeout_s >= 0:
         raise ValueError(f"batch_wait_timeout_s must be at least 0, got {batch_wait_timeout_s!r}")
     app = FastAPI(title="vanilla_transformer translation server")

@@ -8,6 +8,8 @@ import numpy as np
 import torch
 from tqdm.auto import tqdm
 
+from ..support_vanilla_transformer import check_int
+
 
 class InputTooLong(ValueError):
     """`texts[index]` has more tokens than the engine (or the caller's `max_source_length`) takes; `describe`
@@ -19,12 +21,6 @@ class InputTooLong(ValueError):
 
     def describe(self, name: str) -> str:
         return f"{name} has {self.tokens} tokens, more than {self.what}: {self.text[:80]!r}. {self.remedy}"
-
-
-def check_positive_int(name: str, value) -> None:
-    """Refuse anything but an int of at least 1 (a bool included), naming the argument and what was given."""
-    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-        raise ValueError(f"`{name}` must be an int of at least 1, got {value!r}.")
 
 
 class Translator:
@@ -60,7 +56,7 @@ class Translator:
             raise TypeError("`texts` must be a list of strings, not one string.")
         for name, value in (("batch_size", batch_size), ("num_beams", num_beams), ("max_new_tokens", max_new_tokens)):
             if value is not None:
-                check_positive_int(name, value)
+                check_int(f"`{name}`", value)
         texts = list(texts)
         ids = self.tokenizer(texts)["input_ids"] if texts else []
         self._check_lengths(texts, ids, max_source_length)
@@ -145,4 +141,4 @@ def cross_attention(model, tokenizer, text: str, **generate_kwargs) -> dict:
             "target_tokens": tokenizer.convert_ids_to_tokens(generated[0, 1:].tolist()), "weights": weights}
 
 
-__all__ = ["Translator", "GenerateTranslator", "InputTooLong", "check_positive_int", "translate", "cross_attention"]
+__all__ = ["Translator", "GenerateTranslator", "InputTooLong", "translate", "cross_attention"]

@@ -7,6 +7,7 @@ from dataclasses import dataclass, field
 import torch
 from transformers import HfArgumentParser, Seq2SeqTrainingArguments
 
+from ..support_vanilla_transformer import check_int
 from .schedule import PAPER_ADAM
 
 
@@ -42,7 +43,8 @@ class DataArguments:
     dataset_config_name: str | None = field(default=None, metadata={
         "help": "The dataset's configuration (e.g. de-en for wmt/wmt14)."})
     overwrite_cache: bool = field(default=False, metadata={
-        "help": "Read the data and tokenize it again instead of reading what an earlier run left in datasets' cache."})
+        "help": "Tokenize the data again instead of reading the ids an earlier run left in datasets' cache (as "
+                "run_translation.py's flag: the data itself is read anew only when its files change)."})
     train_source_file: str | None = None
     train_target_file: str | None = None
     validation_source_file: str | None = None
@@ -118,14 +120,13 @@ class RecipeArguments:
                 "clock), so training ends annealed wherever the machine's speed has taken it."})
 
     def __post_init__(self):
-        counts = {name: (1, "a positive int") for name in (
-            "pad_to_multiple_of", "tokens_per_step", "max_tokens_per_device", "average_last_checkpoints",
-            "max_tokens_per_batch", "noam_warmup_steps", "num_beams")}
-        counts["early_stopping_patience"] = (0, "a non-negative int (0: off)")
-        for name, (smallest, kind) in counts.items():
-            value = getattr(self, name)
-            if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < smallest):
-                raise ValueError(f"--{name} must be {kind}, got {value!r}.")
+        counts = {name: 1 for name in ("pad_to_multiple_of", "tokens_per_step", "max_tokens_per_device",
+                                       "average_last_checkpoints", "max_tokens_per_batch", "noam_warmup_steps",
+                                       "num_beams")}
+        counts["early_stopping_patience"] = 0  # 0: off
+        for name, at_least in counts.items():
+            if getattr(self, name) is not None:
+                check_int(f"--{name}", getattr(self, name), at_least)
         if not self.noam_factor > 0:
             raise ValueError(f"--noam_factor must be > 0, got {self.noam_factor!r}.")
         if not 0 <= self.token_dropout < 1:

@@ -22,6 +22,7 @@ import torch
 from safetensors import safe_open
 from safetensors.torch import save_file
 
+from ..support_vanilla_transformer import check_int
 from ..tools.folders import INDEX_FILE, check_output_dir, check_weights, copy_side_files, staged_output_dir, weight_files
 
 logger = logging.getLogger(__name__)
@@ -36,8 +37,7 @@ def last_checkpoints(run_dir: str | os.PathLike, n: int) -> list[Path]:
 
     Sorted by the step as a number, so checkpoint-10 comes after checkpoint-9.
     """
-    if isinstance(n, bool) or not isinstance(n, int) or n < 1:
-        raise ValueError(f"n, the number of checkpoints to average, must be a positive int, got {n!r}.")
+    check_int("n, the number of checkpoints to average,", n)
     run_dir = Path(run_dir)
     if not run_dir.is_dir():
         raise ValueError(f"run_dir={str(run_dir)!r} is not a directory.")

@@ -4,30 +4,24 @@ and the recipes call `run()`. The same code runs under `torchrun` / `accelerate 
 reads the data and tokenizes while the others wait, then read what it wrote, and trains the vocabulary it sends them.
 """
 
+import copy
 import json
 import logging
 import math
 import os
-import resource
-import time
+from collections.abc import Callable
 from dataclasses import asdict
 from pathlib import Path
 
 from accelerate.utils import broadcast_object_list
-from datasets import DatasetDict
-from transformers import (
-    AutoModelForSeq2SeqLM,
-    AutoTokenizer,
-    GenerationConfig,
-    TrainerCallback,
-    enable_full_determinism,
-    set_seed,
-)
+from datasets import Dataset, DatasetDict
+from transformers import AutoModelForSeq2SeqLM, AutoTokenizer, GenerationConfig, enable_full_determinism, set_seed
 from transformers.utils import GENERATION_CONFIG_NAME
 
 from ..configuration_vanilla_transformer import VanillaTransformerConfig, paper_generation_config
-from ..data.batching import TranslationDataCollator, example_lengths, plan_token_batches
+from ..data.batching import TokenBatchPlan, TranslationDataCollator, example_lengths, plan_token_batches
 from ..data.corpora import (
+    LengthFilterReport,
     available_cores,
     load_parallel_data,
     load_parallel_text_files,
@@ -38,7 +32,7 @@ from ..data.tokenization import train_shared_tokenizer
 from ..modeling_vanilla_transformer import VanillaTransformerForConditionalGeneration
 from ..tools.folders import check_output_dir
 from ..tools.hub import add_translation_pipeline, check_hub_folder
-from ..tools.model_card import render_model_card
+from ..tools.model_card import write_run_card
 from ..tools.translation import translate
 from . import metrics
 from .arguments import DataArguments, ModelArguments, RecipeArguments, TranslationTrainingArguments
@@ -51,40 +45,38 @@ SPLITS = ("train", "validation", "test")
 
 
 def run(model_args: ModelArguments, data: DataArguments, recipe: RecipeArguments,
-        args: TranslationTrainingArguments, callbacks: list | None = None) -> dict:
+        args: TranslationTrainingArguments, callbacks: list | None = None,
+        on_stage_end: Callable[[str], None] | None = None) -> dict:
     """Train, evaluate BLEU on the test (else validation) split, save a Hub-ready folder; return the results.
-    `callbacks`: TrainerCallbacks for the run's Trainer."""
+    `callbacks`: TrainerCallbacks for the run's Trainer; `on_stage_end` is called with each stage's name as it
+    ends ("read", "vocabulary", "tokenize", "plan"), for a caller that times them. The arguments are not changed."""
+    stage_ended = on_stage_end or (lambda name: None)
     check_run_can_start(model_args, recipe, args)
-    clock = DataStageClock()
     with args.main_process_first(desc="reading the data"):
         raw = load_raw_splits(data)
-    clock.stage("read")
+    stage_ended("read")
     tokenizer = build_tokenizer(model_args, raw["train"], data, args)
     vocabulary_trained = model_args.tokenizer_name_or_path is None and model_args.model_name_or_path is None
     if vocabulary_trained and raw["train"].cache_files:
         # Training the vocabulary read every page of the text, and a page read through a memory map stays in this
         # process' resident memory while mapped: map the files afresh (a cache hit) and let those pages go.
         raw = load_raw_splits(data)
-    clock.stage("vocabulary")
+    stage_ended("vocabulary")
     # Seed before the weights are drawn: Trainer seeds only later, and every rank must start from the same model.
     (enable_full_determinism if args.full_determinism else set_seed)(args.seed)
     checkpoint = resolve_checkpoint(args.resume_from_checkpoint, args.output_dir, args.world_size)
     model = build_model(model_args, recipe, tokenizer, resumed_from=checkpoint)
-    train_set, eval_set, results = tokenize_splits(raw, tokenizer, data, args)
-    clock.stage("tokenize")
-    results["train"]["data_stage"] = clock.times
+    train_set, eval_set, length_filter = tokenize_splits(raw, tokenizer, data, args)
+    stage_ended("tokenize")
+    plan = plan_batches(recipe, args, train_set)
     budget = [TrainingTimeBudget(recipe.max_train_minutes, recipe.lr_decay_minutes)] if recipe.max_train_minutes else []
     patience = [EarlyStopping(recipe.early_stopping_patience)] if recipe.early_stopping_patience else []
-    trainer = build_trainer(model, tokenizer, train_set, eval_set, recipe, args, results,
-                            [*(callbacks or []), *budget, *patience, clock])
-    clock.stage("plan")
-    results["train"].update(train(trainer, args, checkpoint))
-    if budget:
-        results["train"].update(max_train_minutes=recipe.max_train_minutes, lr_decay_minutes=recipe.lr_decay_minutes,
-                                stopped_by_time_budget_at_step=budget[0].stopped_at_step)
-    if patience:  # the callback Trainer holds now: resuming with its state restored replaces the one given
-        stopping = next(c for c in trainer.callback_handler.callbacks if isinstance(c, EarlyStopping))
-        results["train"]["early_stopping"] = {"metric": args.metric_for_best_model, **stopping.report(trainer.state)}
+    trainer = build_trainer(model, tokenizer, train_set, eval_set, recipe, data, args, plan,
+                            [*(callbacks or []), *budget, *patience])
+    stage_ended("plan")
+    trained = train(trainer, args, checkpoint)
+    results = {"train": {"length_filter": length_filter.as_dict(), **({"batch_plan": asdict(plan)} if plan else {}),
+                         **trained, **stopping_report(trainer, recipe, budget)}}
     if trainer.is_world_process_zero():
         results.update(finish_folder(trainer, tokenizer, raw, model_args, data, recipe, args, results))
     return results
@@ -118,7 +110,7 @@ def load_raw_splits(data: DataArguments) -> DatasetDict:
         splits = build_builtin_task()
     else:
         loaded = load_parallel_data(data.dataset_name, data.source_lang, data.target_lang,
-                                    config_name=data.dataset_config_name, overwrite_cache=data.overwrite_cache)
+                                    config_name=data.dataset_config_name)
         splits = DatasetDict(dict(loaded) if isinstance(loaded, DatasetDict) else {"train": loaded})
     for split in SPLITS:
         source, target = getattr(data, f"{split}_source_file"), getattr(data, f"{split}_target_file")
@@ -127,8 +119,7 @@ def load_raw_splits(data: DataArguments) -> DatasetDict:
             raise ValueError(f"--{split}_{given}_file {source or target} was given without --{split}_{missing}_file: "
                              "give both.")
         if source is not None:
-            splits[split] = load_parallel_text_files(source, target, data.source_lang, data.target_lang,
-                                                     overwrite_cache=data.overwrite_cache)
+            splits[split] = load_parallel_text_files(source, target, data.source_lang, data.target_lang)
     if "validation" not in splits and "valid" in splits:
         splits["validation"] = splits.pop("valid")
     if "train" not in splits:
@@ -316,9 +307,10 @@ def check_output_dir_is_free(args: TranslationTrainingArguments):
                          "to replace it.") from None
 
 
-def tokenize_splits(raw: DatasetDict, tokenizer, data: DataArguments, args: TranslationTrainingArguments):
+def tokenize_splits(raw: DatasetDict, tokenizer, data: DataArguments,
+                    args: TranslationTrainingArguments) -> tuple[Dataset, Dataset | None, LengthFilterReport]:
     """The training split (and the validation split when Trainer evaluates) as ids; long pairs dropped and
-    reported. Returns both and the results so far (the length filter's report)."""
+    reported. Returns both and the training split's length filter report."""
     def tokenized(split):
         workers = data.preprocessing_num_workers or min(available_cores(), max(1, len(raw[split]) // 50_000))
         with args.main_process_first(desc=f"tokenizing {split}"):
@@ -330,28 +322,37 @@ def tokenize_splits(raw: DatasetDict, tokenizer, data: DataArguments, args: Tran
         raise ValueError(f"No training pair is left: all {report.dropped} are longer than --max_source_length "
                          f"{data.max_source_length} or --max_target_length {data.max_target_length} tokens.")
     eval_set = tokenized("validation")[0] if "validation" in raw and args.eval_strategy != "no" else None
-    # Trainer evaluation decodes with the paper's beam but a fixed length budget (it pads to one width).
+    return train_set, eval_set, report
+
+
+def plan_batches(recipe: RecipeArguments, args: TranslationTrainingArguments, train_set) -> TokenBatchPlan | None:
+    """With --tokens_per_step, §5.1's batches per optimizer step planned on the data's lengths (logged); else None."""
+    if recipe.tokens_per_step is None:
+        return None
+    plan = plan_token_batches(recipe.tokens_per_step, max(1, args.world_size), recipe.max_tokens_per_device,
+                              *example_lengths(train_set), pad_to_multiple_of=recipe.pad_to_multiple_of)
+    logger.warning("Batches (§5.1): %s.", plan)
+    if args.deepspeed and plan.gradient_accumulation_steps != args.gradient_accumulation_steps:
+        # The DeepSpeed JSON's "auto" values were filled from the arguments as parsed, before this plan.
+        raise ValueError(f"--tokens_per_step with --deepspeed {args.deepspeed}: the plan ({plan}) needs "
+                         f"--gradient_accumulation_steps {plan.gradient_accumulation_steps}; pass it and "
+                         f"--max_tokens_per_batch {plan.max_tokens_per_batch} instead of --tokens_per_step.")
+    return plan
+
+
+def build_trainer(model, tokenizer, train_set, eval_set, recipe: RecipeArguments, data: DataArguments,
+                  args: TranslationTrainingArguments, plan: TokenBatchPlan | None = None,
+                  callbacks: list | None = None) -> PaperTrainer:
+    """PaperTrainer with §5.1's token batches (the `plan`'s, or --max_tokens_per_batch per device batch) and §5.3's
+    schedule. Its arguments are a copy of `args` with what the data decided: the plan's accumulation, and
+    evaluation's length budget (--max_target_length where --generation_max_length is not given: Trainer's
+    evaluation decodes with the paper's beam but pads to one width)."""
+    args = copy.copy(args)  # not dataclasses.replace: TrainingArguments' __post_init__ would set up devices again
     if args.generation_max_length is None:
         args.generation_max_length = data.max_target_length
-    return train_set, eval_set, {"train": {"length_filter": report.as_dict()}}
-
-
-def build_trainer(model, tokenizer, train_set, eval_set, recipe: RecipeArguments, args: TranslationTrainingArguments,
-                  results: dict, callbacks: list | None = None) -> PaperTrainer:
-    """PaperTrainer with §5.1's token batches (planned per step with --tokens_per_step, or a budget per device
-    batch) and §5.3's schedule; a batch plan is logged and kept in `results`."""
     max_tokens_per_batch = recipe.max_tokens_per_batch
-    if recipe.tokens_per_step is not None:
-        plan = plan_token_batches(recipe.tokens_per_step, max(1, args.world_size), recipe.max_tokens_per_device,
-                                  *example_lengths(train_set), pad_to_multiple_of=recipe.pad_to_multiple_of)
-        logger.warning("Batches (§5.1): %s.", plan)
-        if args.deepspeed and plan.gradient_accumulation_steps != args.gradient_accumulation_steps:
-            # The DeepSpeed JSON's "auto" values were filled from the arguments as parsed, before this plan.
-            raise ValueError(f"--tokens_per_step with --deepspeed {args.deepspeed}: the plan ({plan}) needs "
-                             f"--gradient_accumulation_steps {plan.gradient_accumulation_steps}; pass it and "
-                             f"--max_tokens_per_batch {plan.max_tokens_per_batch} instead of --tokens_per_step.")
+    if plan is not None:
         max_tokens_per_batch, args.gradient_accumulation_steps = plan.max_tokens_per_batch, plan.gradient_accumulation_steps
-        results["train"]["batch_plan"] = asdict(plan)
     return PaperTrainer(
         model=model, args=args, train_dataset=train_set, eval_dataset=eval_set, processing_class=tokenizer,
         data_collator=TranslationDataCollator(tokenizer, model=model, label_pad_token_id=-100,
@@ -373,6 +374,18 @@ def train(trainer: PaperTrainer, args: TranslationTrainingArguments, checkpoint:
     trainer.save_model(args.output_dir)  # on every rank: FSDP and DeepSpeed gather the weights collectively
     trainer.accelerator.wait_for_everyone()
     return {**result.metrics, "steps": trainer.state.global_step}
+
+
+def stopping_report(trainer: PaperTrainer, recipe: RecipeArguments, budget: list[TrainingTimeBudget]) -> dict:
+    """What stopped training early, if anything could: the time budget's step, early stopping's best evaluation."""
+    report = {}
+    if budget:
+        report.update(max_train_minutes=recipe.max_train_minutes, lr_decay_minutes=recipe.lr_decay_minutes,
+                      stopped_by_time_budget_at_step=budget[0].stopped_at_step)
+    if recipe.early_stopping_patience:  # the callback Trainer holds now: a resumed run's restored one replaces ours
+        stopping = next(c for c in trainer.callback_handler.callbacks if isinstance(c, EarlyStopping))
+        report["early_stopping"] = {"metric": trainer.args.metric_for_best_model, **stopping.report(trainer.state)}
+    return report
 
 
 def finish_folder(trainer: PaperTrainer, tokenizer, raw: DatasetDict, model_args: ModelArguments, data: DataArguments,
@@ -398,29 +411,16 @@ def finish_folder(trainer: PaperTrainer, tokenizer, raw: DatasetDict, model_args
         finished[split] = scores
         (folder / f"{split}_translations.txt").write_text("".join(h + "\n" for h in hypotheses), encoding="utf-8")
     (folder / "results.json").write_text(json.dumps({**results, **finished}, indent=2, default=str))
-    write_model_card(folder, model_args, data, {**results, **finished})
+    write_run_card(folder, {**results, **finished}, languages=[data.source_lang, data.target_lang],
+                   license=model_args.license, dataset_name=dataset_description(data))
     check_hub_folder(folder)
     from ..tools.plots import plot_training_curves  # matplotlib only where a plot is drawn
     plot_training_curves(trainer.state.log_history, folder / "training_curves.png")
     return finished
 
 
-def write_model_card(folder: Path, model_args: ModelArguments, data: DataArguments, results: dict,
-                     held_out: list[dict] | None = None):
-    """README.md of a finished run from its results: the test (else validation) scores, and `held_out`, more
-    scored sets (each like evaluate_bleu's scores, with its `dataset_name`)."""
-    split = "test" if "test" in results else "validation" if "validation" in results else None
-    card = render_model_card(
-        folder, languages=[data.source_lang, data.target_lang], license=model_args.license, datasets=None,
-        eval_results=None if split is None else {**results[split], "dataset_split": split},
-        dataset_name=_dataset_name(data), held_out_results=held_out,
-        training_summary=f"{results['train']['steps']} optimizer steps of the paper's recipe "
-                         f"(scripts/train.py; see results.json and training_curves.png).",
-    )
-    card.save(folder / "README.md")
-
-
-def _dataset_name(data: DataArguments) -> str:
+def dataset_description(data: DataArguments) -> str:
+    """The training data as the model card names it."""
     if data.train_source_file:
         return f"{Path(data.train_source_file).parent.name} ({data.source_lang}-{data.target_lang})"
     if data.dataset_name == "builtin":
@@ -445,27 +445,7 @@ def evaluate_bleu(model, tokenizer, split, data: DataArguments, batch_size: int 
     return {**scores, "num_sentences": len(sources), "examples": examples}, hypotheses
 
 
-class DataStageClock(TrainerCallback):
-    """Seconds and peak memory (MiB, this process or its largest worker) at the end of each stage of a run, up to
-    the first optimizer step: what `scripts/benchmarks/data_stage.py` reports."""
-
-    def __init__(self):
-        self.started = self.last = time.perf_counter()
-        self.times: dict[str, dict[str, float]] = {}
-
-    def stage(self, name: str):
-        now = time.perf_counter()
-        peak_kib = max(resource.getrusage(who).ru_maxrss for who in (resource.RUSAGE_SELF, resource.RUSAGE_CHILDREN))
-        self.times[name] = {"seconds": round(now - self.last, 2), "peak_rss_mib": round(peak_kib / 1024)}
-        logger.info("%s: %.1f s (%.1f s since the start), peak RSS %d MiB", name, now - self.last, now - self.started,
-                    peak_kib // 1024)
-        self.last = now
-
-    def on_step_end(self, args, state, control, **kwargs):
-        if "first_step" not in self.times:
-            self.stage("first_step")
-
-
 __all__ = ["run", "check_run_can_start", "check_recipe_fits_the_run", "check_early_stopping",
            "check_output_dir_is_free", "load_raw_splits", "build_tokenizer", "parse_config_overrides", "build_model",
-           "tokenize_splits", "build_trainer", "train", "finish_folder", "write_model_card", "evaluate_bleu"]
+           "tokenize_splits", "plan_batches", "build_trainer", "train", "stopping_report", "finish_folder",
+           "dataset_description", "evaluate_bleu"]

@@ -3,17 +3,24 @@
 import copy
 import logging
 import time
-from functools import partial
 
+import datasets
 import torch
 from torch.utils.data import DataLoader
 from transformers import EarlyStoppingCallback, Seq2SeqTrainer, TrainerCallback
+from transformers.trainer_pt_utils import BatchRebalanceSampler
 
 from ..data.batching import TokenBucketBatchSampler, example_lengths
 from .arguments import TranslationTrainingArguments
 from .schedule import NoamLambda
 
 logger = logging.getLogger(__name__)
+
+
+class TokenBatches(TokenBucketBatchSampler, BatchRebalanceSampler):
+    """`TokenBucketBatchSampler` as Trainer takes a rank-aware batch sampler: Trainer's `_get_dataloader` passes a
+    `BatchRebalanceSampler` to the DataLoader as its `batch_sampler` and makes accelerate's shard wrapper a
+    pass-through. Only the type is borrowed; every method (and the constructor) is TokenBucketBatchSampler's."""
 
 
 class PaperTrainer(Seq2SeqTrainer):
@@ -44,60 +51,39 @@ class PaperTrainer(Seq2SeqTrainer):
                 f"1.0 (got {self.args.learning_rate}); scale the curve with --noam_factor instead."
             )
 
-    def get_train_dataloader(self):
-        if self.max_tokens_per_batch is None:
-            return super().get_train_dataloader()
-        return self.token_batch_dataloader(self.max_tokens_per_batch)
-
-    def token_batch_dataloader(self, max_tokens: int) -> DataLoader:
-        """Trainer's training DataLoader with a `TokenBucketBatchSampler` in place of the fixed-size batches.
-
-        The same DataLoader settings as `Trainer._get_dataloader` (collator, workers, worker seeding), prepared
-        by accelerate. The sampler is already rank-aware, so accelerate's `BatchSamplerShard` wrapper is made a
-        pass-through, as Trainer does for its own rank-aware `BatchRebalanceSampler`.
-        """
-        import datasets
-        from transformers.trainer_utils import seed_worker
-
-        args = self.args
-        dataset = self.train_dataset
-        if dataset is None:
-            raise ValueError("Trainer: training requires a train_dataset.")
-        if isinstance(dataset, (torch.utils.data.IterableDataset, datasets.IterableDataset)):
-            raise ValueError(f"The training set is a {type(dataset).__name__} (streaming): token-based batching "
-                             "(--max_tokens_per_batch, --tokens_per_step) needs every example's length up front, so it "
-                             "needs a map-style datasets.Dataset.")
-        collator = self.data_collator
-        # The budget counts the padding the collator adds, so it must know the collator's multiple.
-        pad_to_multiple_of = getattr(collator, "pad_to_multiple_of", None) or 1
-        if isinstance(dataset, datasets.Dataset):
-            dataset = self._remove_unused_columns(dataset, description="Training")
-        else:
-            collator = self._get_collator_with_removed_columns(collator, description="Training")
-        if getattr(args, "train_sampling_strategy", "random") not in ("random", None):
-            logger.warning("--train_sampling_strategy %s is ignored: --max_tokens_per_batch sets the batches.",
-                           args.train_sampling_strategy)
-        source, target = example_lengths(dataset)
-        sampler = TokenBucketBatchSampler(
-            source, target, max_tokens, seed=args.data_seed if args.data_seed is not None else args.seed,
-            num_replicas=max(1, args.world_size), rank=args.process_index if args.world_size > 1 else 0,
-            pad_to_multiple_of=pad_to_multiple_of,
-        )
-        loader = DataLoader(
-            dataset, batch_sampler=sampler, collate_fn=collator, num_workers=args.dataloader_num_workers,
-            pin_memory=args.dataloader_pin_memory, persistent_workers=args.dataloader_persistent_workers,
-            multiprocessing_context=args.dataloader_multiprocessing_context,
-            prefetch_factor=args.dataloader_prefetch_factor, in_order=args.dataloader_in_order,
-            worker_init_fn=partial(seed_worker, num_workers=args.dataloader_num_workers, rank=args.process_index),
-        )
-        loader = self.accelerator.prepare(loader)
-        wrapper = getattr(loader, "batch_sampler", None)
-        if wrapper is not sampler and getattr(wrapper, "batch_sampler", None) is sampler:
-            wrapper.num_processes, wrapper.process_index = 1, 0
-            # A resumed run skips into its epoch through one more wrapper (accelerate's SkipBatchSampler), from
-            # which Trainer reaches only this one: it must pass the epoch on, or the epoch replays epoch 0's order.
-            wrapper.set_epoch = sampler.set_epoch
+    def get_train_dataloader(self) -> DataLoader:
+        """Trainer's own training DataLoader (collator, unused columns removed, workers and their seeds, accelerate),
+        on §5.1's token batches when `max_tokens_per_batch` is given (see `_get_train_sampler`)."""
+        if self.max_tokens_per_batch is not None and isinstance(self.train_dataset, (torch.utils.data.IterableDataset, datasets.IterableDataset)):
+            raise ValueError(f"The training set is a {type(self.train_dataset).__name__} (streaming): token-based "
+                             "batching (--max_tokens_per_batch, --tokens_per_step) needs every example's length up "
+                             "front, so it needs a map-style datasets.Dataset.")
+        loader = super().get_train_dataloader()
+        shard = getattr(loader, "batch_sampler", None)
+        if isinstance(getattr(shard, "batch_sampler", None), TokenBatches):
+            # accelerate's BatchSamplerShard, which Trainer made a pass-through, has no set_epoch of its own; a resumed
+            # run's loader (accelerate's skip_first_batches) reaches the sampler only through it, so it passes the
+            # epoch on, or the resumed epoch would replay epoch 0's order.
+            shard.set_epoch = shard.batch_sampler.set_epoch
         return loader
+
+    def _get_train_sampler(self, train_dataset=None):
+        # Trainer's private hook for the training sampler (`_get_train_sampler`, the same in transformers 5.23 and
+        # 5.25): Trainer's `_get_dataloader` calls it on the split with unused columns removed.
+        if self.max_tokens_per_batch is None:
+            return super()._get_train_sampler(train_dataset)
+        dataset = self.train_dataset if train_dataset is None else train_dataset
+        if getattr(self.args, "train_sampling_strategy", "random") not in ("random", None):
+            logger.warning("--train_sampling_strategy %s is ignored: --max_tokens_per_batch sets the batches.",
+                           self.args.train_sampling_strategy)
+        args = self.args
+        return TokenBatches(
+            *example_lengths(dataset), self.max_tokens_per_batch,
+            seed=args.data_seed if args.data_seed is not None else args.seed, num_replicas=max(1, args.world_size),
+            rank=args.process_index if args.world_size > 1 else 0,
+            # The budget counts the padding the collator adds, so it must know the collator's multiple.
+            pad_to_multiple_of=getattr(self.data_collator, "pad_to_multiple_of", None) or 1,
+        )
 
     def training_step(self, model, inputs, num_items_in_batch=None):
         if self.token_dropout:
@@ -210,4 +196,4 @@ class EarlyStopping(EarlyStoppingCallback):
                 "stopped": self.early_stopping_patience_counter >= self.early_stopping_patience}
 
 
-__all__ = ["PaperTrainer", "TrainingTimeBudget", "EarlyStopping"]
+__all__ = ["PaperTrainer", "TokenBatches", "TrainingTimeBudget", "EarlyStopping"]
