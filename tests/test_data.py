@@ -342,6 +342,24 @@ def test_a_local_folder_in_the_hubs_layout_loads_by_name_and_config(pairs, tmp_p
     assert len(load_parallel_data(folder, "en", "de", config_name="de-en")["test"]) == 10
 
 
+def test_overwrite_cache_redoes_the_tokenizing_not_the_reading(pairs, files, tmp_path, monkeypatch):
+    """As run_translation.py's flag: the ids are made again; files already read (and a dataset by name, which
+    datasets keys by its files) are not read or downloaded again."""
+    from vanilla_transformer.training import load_raw_splits, parse_training_args
+
+    monkeypatch.setenv("HF_DATASETS_CACHE", str(tmp_path / "cache"))
+    monkeypatch.setattr("datasets.config.HF_DATASETS_CACHE", str(tmp_path / "cache"))
+    folder = hub_dataset_folder(tmp_path / "wmt14", {"train": pairs[:150], "test": pairs[150:]})
+    for source in (["--train_source_file", str(files["en"]), "--train_target_file", str(files["de"])],
+                   ["--dataset_name", str(folder), "--dataset_config_name", "de-en"]):
+        data = parse_training_args(["--output_dir", str(tmp_path / "run"), *source])[1]
+        first = load_raw_splits(data)["train"]
+        written = {f["filename"]: os.stat(f["filename"]).st_mtime_ns for f in first.cache_files}
+        data = parse_training_args(["--output_dir", str(tmp_path / "run"), *source, "--overwrite_cache"])[1]
+        again = load_raw_splits(data)["train"]
+        assert {f["filename"]: os.stat(f["filename"]).st_mtime_ns for f in again.cache_files} == written
+
+
 def test_the_vocabulary_trains_on_the_arrow_column_as_on_a_list(pairs, files, tmp_path):
     dataset = load_parallel_text_files(files["en"], files["de"], "en", "de", cache_dir=tmp_path / "cache")
     batches = list(sentence_batches(dataset, ("en", "de"), batch_size=64))

@@ -201,8 +201,11 @@ def engines_report(results: Path = RESULTS) -> str:
     return table(header, rows)
 
 
+DATA_STAGE, DATA_STAGE_BEFORE = "data_stage_intel_xeon", "data_stage_intel_xeon_before"
+
+
 def data_stage_table(results: Path = RESULTS) -> str:
-    stage = load("data_stage", results)
+    stage = load(DATA_STAGE, results)
     stages = ("read", "vocabulary", "tokenize", "plan", "first_step")
     rows = []
     for size in stage["sizes"]:
@@ -215,6 +218,24 @@ def data_stage_table(results: Path = RESULTS) -> str:
                          f"{bold}{run['seconds'] / 60:.2f} min{bold}", f"{bold}{run['peak_rss_mib']:,} MiB{bold}"])
     return table(["pairs", "cache", "read", "vocabulary", "tokenize", "plan", "first step", "whole command",
                   "peak RSS"], rows)
+
+
+def data_stage_change(results: Path = RESULTS) -> str:
+    """The largest corpus before and after the data stage moved onto datasets' builder, on the same machine."""
+    before, now = load(DATA_STAGE_BEFORE, results), load(DATA_STAGE, results)
+    (old,), (new,) = ([size for size in run["sizes"] if size["pairs"] == now["sizes"][-1]["pairs"]]
+                      for run in (before, now))
+    rows = []
+    for cache in ("cold", "warm"):
+        for label, value, unit in (("read", lambda r: r["stages"]["read"]["seconds"], "{:.1f} s"),
+                                   ("whole command", lambda r: r["seconds"] / 60, "{:.2f} min"),
+                                   ("peak RSS", lambda r: r["peak_rss_mib"], "{:,} MiB")):
+            was, is_ = value(old[cache]), value(new[cache])
+            if unit.format(was) != unit.format(0):  # a warm read takes no time worth a ratio
+                rows.append([f"{new['pairs']:,}, {cache}", label, unit.format(was), unit.format(is_),
+                             f"{is_ / was:.2f}×"])
+    commits = (before["environment"]["commit"], now["environment"]["commit"])
+    return table(["pairs, cache", "", f"before ({commits[0]})", f"now ({commits[1]})", "now / before"], rows)
 
 
 def parity_table(results: Path = RESULTS) -> str:
@@ -244,6 +265,7 @@ def kernels_table(results: Path = RESULTS) -> str:
 BLOCKS: dict[str, Callable[[Path], str]] = {
     "glance": glance, "demo_output": demo_output, "engines": engines, "serving": serving,
     "peer_benchmark": peer_benchmark, "engines_report": engines_report, "data_stage": data_stage_table,
+    "data_stage_change": data_stage_change,
     "parity": parity_table, "kernels": kernels_table,
     **{name: (lambda results, block=block: block(load_recipes(results))) for name, block in RECIPE_BLOCKS.items()},
 }
@@ -261,7 +283,7 @@ def reports(results: Path = RESULTS) -> dict[Path, str]:
             rendered[path.with_suffix(".md")] = engines_benchmark.render(data, data["command"])
         elif stem.startswith("results_"):
             rendered[path.with_suffix(".md")] = report.render_markdown(data)
-        elif stem == "data_stage":
+        elif stem.startswith("data_stage_"):
             rendered[path.with_suffix(".md")] = data_stage.render(data)
         elif stem.startswith("serving_"):
             rendered[path.with_suffix(".md")] = serving_benchmark.render(data, data["command"])
@@ -314,7 +336,7 @@ def fix(root: Path = ROOT, results: Path = RESULTS) -> list[Path]:
                 path.write_text(new, encoding="utf-8")
                 changed.append(path)
     for path, text in reports(results).items():
-        if path.read_text(encoding="utf-8") != text:
+        if not path.is_file() or path.read_text(encoding="utf-8") != text:
             path.write_text(text, encoding="utf-8")
             changed.append(path)
     return changed
