@@ -276,7 +276,8 @@ def test_text_files_are_read_once_into_a_memory_mapped_cache_that_follows_the_fi
     written = arrow.stat().st_mtime_ns
     again = load_parallel_text_files(files["en"], files["de"], "en", "de", cache_dir=cache)
     assert [f["filename"] for f in again.cache_files] == [str(arrow)] and arrow.stat().st_mtime_ns == written
-    redone = load_parallel_text_files(files["en"], files["de"], "en", "de", cache_dir=cache, download_mode="force_redownload")
+    redone = load_parallel_text_files(files["en"], files["de"], "en", "de", cache_dir=cache,
+                                      download_mode="force_redownload")
     assert arrow.stat().st_mtime_ns > written and redone[:]["translation"] == expected(pairs)
     # Edited files are read again: the cache is keyed by their size and modification time, not only their paths.
     edited = tmp_path / "train.de"

@@ -54,7 +54,8 @@ class PaperTrainer(Seq2SeqTrainer):
     def get_train_dataloader(self) -> DataLoader:
         """Trainer's own training DataLoader (collator, unused columns removed, workers and their seeds, accelerate),
         on §5.1's token batches when `max_tokens_per_batch` is given (see `_get_train_sampler`)."""
-        if self.max_tokens_per_batch is not None and isinstance(self.train_dataset, (torch.utils.data.IterableDataset, datasets.IterableDataset)):
+        streaming = (torch.utils.data.IterableDataset, datasets.IterableDataset)
+        if self.max_tokens_per_batch is not None and isinstance(self.train_dataset, streaming):
             raise ValueError(f"The training set is a {type(self.train_dataset).__name__} (streaming): token-based "
                              "batching (--max_tokens_per_batch, --tokens_per_step) needs every example's length up "
                              "front, so it needs a map-style datasets.Dataset.")
@@ -72,11 +73,10 @@ class PaperTrainer(Seq2SeqTrainer):
         # 5.25): Trainer's `_get_dataloader` calls it on the split with unused columns removed.
         if self.max_tokens_per_batch is None:
             return super()._get_train_sampler(train_dataset)
-        dataset = self.train_dataset if train_dataset is None else train_dataset
-        if getattr(self.args, "train_sampling_strategy", "random") not in ("random", None):
+        dataset, args = self.train_dataset if train_dataset is None else train_dataset, self.args
+        if getattr(args, "train_sampling_strategy", "random") not in ("random", None):
             logger.warning("--train_sampling_strategy %s is ignored: --max_tokens_per_batch sets the batches.",
-                           self.args.train_sampling_strategy)
-        args = self.args
+                           args.train_sampling_strategy)
         return TokenBatches(
             *example_lengths(dataset), self.max_tokens_per_batch,
             seed=args.data_seed if args.data_seed is not None else args.seed, num_replicas=max(1, args.world_size),
