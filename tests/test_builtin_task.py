@@ -152,17 +152,17 @@ def test_empty_split():
 
 
 @pytest.mark.parametrize(
-    "kwargs, match",
+    "kwargs, match, error",
     [
-        ({"num_train": -1}, "num_train.*-1"),
-        ({"num_validation": 1.5}, "num_validation.*1.5"),
-        ({"num_test": True}, "num_test.*True"),
-        ({"seed": -2}, "seed.*-2"),
-        ({"num_train": NUM_DISTINCT}, str(NUM_DISTINCT + 2000)),
+        ({"num_train": -1}, "num_train.*-1", ValueError),
+        ({"num_validation": 1.5}, "num_validation.*1.5", TypeError),
+        ({"num_test": True}, "num_test.*True", TypeError),
+        ({"seed": -2}, "seed.*-2", ValueError),
+        ({"num_train": NUM_DISTINCT}, str(NUM_DISTINCT + 2000), ValueError),
     ],
 )
-def test_build_rejects_bad_arguments(kwargs, match):
-    with pytest.raises(ValueError, match=match):
+def test_build_rejects_bad_arguments(kwargs, match, error):
+    with pytest.raises(error, match=match):
         build_builtin_task(**kwargs)
 
 

@@ -40,13 +40,15 @@ def accepts_past_key_values(forward):
 
 # Input checks: bad input fails at the entry point it was passed to, named as the user passed it ---------------------
 
-def check_int(name: str, value, at_least: int = 1):
+def check_int(name: str, value, at_least: int = 1, at_most: int | None = None) -> int:
     """The one check of a count the package takes (a flag, an argument, a config field): an int (a bool is not one)
-    of at least `at_least`; `name` is how the user passed it (`--num_beams`, `` `batch_size` ``)."""
+    from `at_least` to `at_most`; `name` is how the user passed it (`--num_beams`, `` `batch_size` ``)."""
+    wanted = f"an int of at least {at_least}" if at_most is None else f"an int from {at_least} to {at_most}"
     if isinstance(value, bool) or not isinstance(value, int):
-        raise TypeError(f"{name} must be an int of at least {at_least}, got {value!r} ({type(value).__name__}).")
-    if value < at_least:
-        raise ValueError(f"{name} must be an int of at least {at_least}, got {value!r}.")
+        raise TypeError(f"{name} must be {wanted}, got {value!r} ({type(value).__name__}).")
+    if value < at_least or (at_most is not None and value > at_most):
+        raise ValueError(f"{name} must be {wanted}, got {value!r}.")
+    return value
 
 
 def check_token_ids(ids: torch.Tensor, name: str, vocab_size: int, allow: int | None = None,

@@ -17,6 +17,7 @@ from transformers import GenerationConfig, MarianMTModel
 from vanilla_transformer.configuration_vanilla_transformer import PRESETS, VanillaTransformerConfig
 from vanilla_transformer.data.corpora import available_cores
 from vanilla_transformer.modeling_vanilla_transformer import VanillaTransformerForConditionalGeneration
+from vanilla_transformer.support_vanilla_transformer import check_int
 from vanilla_transformer.tools.marian import marian_config_like
 
 
@@ -78,9 +79,7 @@ class BenchmarkSpec:
             self.threads = available_cores()
         for name in ("vocab_size", "batch_size", "source_length", "target_length", "generation_batch_size",
                      "new_tokens", "num_beams", "repeats", "threads", "matmul_size"):
-            value = getattr(self, name)
-            if not isinstance(value, int) or isinstance(value, bool) or value < 1:
-                raise ValueError(f"`{name}` must be a positive int, got {value!r}.")
+            check_int(f"`{name}`", getattr(self, name))
         if self.vocab_size < 5:
             raise ValueError("`vocab_size` must leave room for ids past the 4 special tokens.")
 

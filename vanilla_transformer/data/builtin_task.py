@@ -38,6 +38,8 @@ from typing import NamedTuple
 
 from datasets import Dataset, DatasetDict, Features, Translation
 
+from ..support_vanilla_transformer import check_int
+
 SPLITS = ("train", "validation", "test")
 MODES = ("plain", "today", "yesterday", "know", "says")
 
@@ -49,13 +51,6 @@ _DE_SMALL = ("null eins zwei drei vier fünf sechs sieben acht neun zehn elf zw�
 _DE_TENS = ("", "", "zwanzig", "dreißig", "vierzig", "fünfzig", "sechzig", "siebzig", "achtzig", "neunzig")
 _EN_MONTHS = "January February March April May June July August September October November December".split()
 _DE_MONTHS = "Januar Februar März April Mai Juni Juli August September Oktober November Dezember".split()
-
-
-def _check_int(name: str, value: object, low: int, high: int | None = None) -> int:
-    # bool is an int subclass, but True as a size or a number is always a caller's mistake.
-    if not isinstance(value, int) or isinstance(value, bool) or value < low or (high is not None and value > high):
-        raise ValueError(f"{name} must be an int in {low}..{'' if high is None else high}, got {value!r}")
-    return value
 
 
 def _lookup(kind: str, table: dict, key: object):
@@ -70,7 +65,7 @@ def _join(*words: str | None) -> str:
 
 def english_number(n: int) -> str:
     """0..9999 in American English words, without "and": 1999 -> "one thousand nine hundred ninety-nine"."""
-    _check_int("n", n, 0, 9999)
+    check_int("n", n, 0, 9999)
     if n < 20:
         return _EN_SMALL[n]
     if n < 100:
@@ -81,7 +76,7 @@ def english_number(n: int) -> str:
 
 def german_number(n: int) -> str:
     """0..9999 as one German word: 21 -> "einundzwanzig", 101 -> "einhunderteins"."""
-    _check_int("n", n, 0, 9999)
+    check_int("n", n, 0, 9999)
     if n < 20:
         return _DE_SMALL[n]
     # Inside a compound 1 is "ein" (einhundert, einundzwanzig); only a final 1 is "eins".
@@ -125,7 +120,7 @@ _NUM_DAYS = datetime.date(2100, 1, 1).toordinal() - _FIRST_DAY.toordinal()
 
 def date_pair(year: int, month: int, day: int, words: bool = False) -> tuple[str, str]:
     """("on the 3rd of May 2021", "am 3. Mai 2021") for 1800..2099; words=True spells out day and year."""
-    _check_int("year", year, 1800, 2099)
+    check_int("year", year, 1800, 2099)
     try:
         datetime.date(year, month, day)
     except (TypeError, ValueError) as err:
@@ -196,7 +191,7 @@ def noun_phrase(np: NP, case: str) -> tuple[str, str]:
     _lookup("case", dict.fromkeys(("nom", "acc")), case)
     if isinstance(count, int):
         # "hunderteins Äpfel" vs "hundertundein Apfel" is disputed German, so counts like 101 are refused.
-        if _check_int("count", count, 1, 9999) > 100 and count % 100 == 1:
+        if check_int("count", count, 1, 9999) > 100 and count % 100 == 1:
             raise ValueError(f"count must not end in 01 above 100, got {count}")
         det = "a" if count == 1 else "count"  # "one red apple" declines like "a": "einen roten Apfel"
     else:
@@ -323,7 +318,7 @@ NUM_DISTINCT = sum(TEMPLATE_SIZES.values())  # distinct English sentences the ge
 def template_pair(name: str, index: int) -> tuple[str, str]:
     """Pair number `index` (0 <= index < TEMPLATE_SIZES[name]) of the template called `name`."""
     template = _lookup("template", _TEMPLATES, name)
-    _check_int("index", index, 0, TEMPLATE_SIZES[name] - 1)
+    check_int("index", index, 0, TEMPLATE_SIZES[name] - 1)
     digits = []
     for radix in reversed(template.axes):
         index, digit = divmod(index, radix)
@@ -349,8 +344,8 @@ def _allocate(total: int) -> dict[str, int]:
 
 def generate_pairs(seed: int = 0, total: int = 42000) -> list[tuple[str, str]]:
     """`total` (en, de) pairs with distinct English sentences, in an order fixed by `seed`."""
-    _check_int("seed", seed, 0)  # random.Random(-s) is random.Random(s), so negative seeds would alias
-    _check_int("total", total, 0, NUM_DISTINCT)
+    check_int("seed", seed, 0)  # random.Random(-s) is random.Random(s), so negative seeds would alias
+    check_int("total", total, 0, NUM_DISTINCT)
     rng = random.Random(seed)
     pairs = []
     for name, quota in _allocate(total).items():
@@ -365,7 +360,7 @@ def build_builtin_task(
     """Splits "train", "validation", "test" in the HF translation format, disjoint by English sentence."""
     sizes = {"train": num_train, "validation": num_validation, "test": num_test}
     for split, size in sizes.items():
-        _check_int(f"num_{split}", size, 0)
+        check_int(f"num_{split}", size, 0)
     if sum(sizes.values()) > NUM_DISTINCT:
         raise ValueError(f"num_train + num_validation + num_test = {sum(sizes.values())} is more than the "
                          f"{NUM_DISTINCT} distinct sentences the generator can produce")
