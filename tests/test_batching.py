@@ -14,6 +14,7 @@ from conftest import VOCAB, tiny_model, tiny_tokenizer
 from vanilla_transformer.data import batching
 from vanilla_transformer.data.batching import TokenBucketBatchSampler, TranslationDataCollator, batch_cost
 from vanilla_transformer.training import PaperTrainer, TranslationTrainingArguments
+from vanilla_transformer.training.trainer import TokenBatches
 
 ROOT = Path(__file__).resolve().parents[1]
 BUDGET = 120
@@ -117,6 +118,10 @@ def test_paper_trainer_trains_on_token_batches_and_counts_epochs_and_items(tmp_p
     loader = trainer.get_train_dataloader()
     batches = list(loader)
     assert len(batches) == len(loader)
+    # Trainer's own loader, on the token batches: the sampler is reached through accelerate's wrapper, if any.
+    sampler = getattr(loader.batch_sampler, "batch_sampler", loader.batch_sampler)
+    assert isinstance(sampler, TokenBatches) and type(sampler).__iter__ is TokenBucketBatchSampler.__iter__
+    assert len(sampler) == len(loader)
     assert sum(len(b["input_ids"]) for b in batches) == len(dataset)
     for b in batches:
         assert b["input_ids"].numel() <= 64 and b["labels"].numel() <= 64  # padded size counts
@@ -138,8 +143,7 @@ def test_train_script_runs_with_a_token_budget(tmp_path, monkeypatch):
 
     seen, sampler = [], PaperTrainer._get_train_sampler
     monkeypatch.setattr(PaperTrainer, "_get_train_sampler",
-                        lambda trainer, dataset=None: seen.append(sampler(trainer, dataset).max_tokens) or
-                        sampler(trainer, dataset))
+                        lambda trainer, dataset=None: seen.append(sampler(trainer, dataset)) or seen[-1])
     main = runpy.run_path(str(ROOT / "scripts" / "train.py"), run_name="cli")["main"]
     out = tmp_path / "run"
     main(["--output_dir", str(out), "--preset", "tiny", "--vocab_size", "200", "--max_tokens_per_batch", "96",
@@ -147,7 +151,7 @@ def test_train_script_runs_with_a_token_budget(tmp_path, monkeypatch):
           "--eval_strategy", "no", "--use_cpu", "--generation_max_length", "8",
           "--train_source_file", str(tmp_path / "train.en"), "--train_target_file", str(tmp_path / "train.de"),
           "--validation_source_file", str(tmp_path / "val.en"), "--validation_target_file", str(tmp_path / "val.de")])
-    assert seen == [96]
+    assert [batches.max_tokens for batches in seen] == [96]
     results = json.loads((out / "results.json").read_text())
     assert np.isfinite(results["train"]["train_loss"]) and "bleu" in results["validation"]
 

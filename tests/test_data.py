@@ -347,6 +347,7 @@ def test_overwrite_cache_redoes_the_tokenizing_not_the_reading(pairs, files, tmp
     """As run_translation.py's flag: the ids are made again; files already read (and a dataset by name, which
     datasets keys by its files) are not read or downloaded again."""
     from vanilla_transformer.training import load_raw_splits, parse_training_args
+    from vanilla_transformer.training.run import tokenize_splits
 
     monkeypatch.setenv("HF_DATASETS_CACHE", str(tmp_path / "cache"))
     monkeypatch.setattr("datasets.config.HF_DATASETS_CACHE", str(tmp_path / "cache"))
@@ -359,6 +360,23 @@ def test_overwrite_cache_redoes_the_tokenizing_not_the_reading(pairs, files, tmp
         data = parse_training_args(["--output_dir", str(tmp_path / "run"), *source, "--overwrite_cache"])[1]
         again = load_raw_splits(data)["train"]
         assert {f["filename"]: os.stat(f["filename"]).st_mtime_ns for f in again.cache_files} == written
+    # The ids: read back from the cache the second time, made again with --overwrite_cache.
+    tokenizer = train_shared_tokenizer([s for pair in pairs for s in pair], vocab_size=300, show_progress=False)
+    for flags, from_cache in (([], False), ([], True), (["--overwrite_cache"], False)):
+        _, data, _, args = parse_training_args(["--output_dir", str(tmp_path / "run"), "--train_source_file",
+                                                str(files["en"]), "--train_target_file", str(files["de"]), *flags])
+        report = tokenize_splits(load_raw_splits(data), tokenizer, data, args)[2]
+        assert report.tokenized_from_cache == from_cache
+    with pytest.raises(TypeError, match="overwrite_cache=True does not apply to reading"):
+        load_parallel_data(files["en"], "en", "de", target=files["de"], overwrite_cache=True)
+
+
+def test_a_file_named_another_way_is_read_from_the_same_cache(files, tmp_path, monkeypatch):
+    cache = tmp_path / "cache"
+    first = load_parallel_text_files(files["en"], files["de"], "en", "de", cache_dir=cache)
+    monkeypatch.chdir(files["en"].parent)
+    relative = load_parallel_text_files("train.en", "./train.de", "en", "de", cache_dir=cache)
+    assert relative.cache_files == first.cache_files
 
 
 def test_the_vocabulary_trains_on_the_arrow_column_as_on_a_list(pairs, files, tmp_path):

@@ -2,8 +2,8 @@
 
 Section 3 of the paper top to bottom: positional encoding (§3.5), the shared, scaled embeddings (§3.4), scaled
 dot-product and multi-head attention (§3.2), the feed-forward network (§3.3), the encoder and decoder layers and
-stacks (§3.1), then the model and its head. What is not the paper (input checks, the measured loss and dropout
-kernels, the beam search's GNMT penalty and length budget, the cache's name across transformers versions) lives in
+stacks (§3.1), then the model and its head. What is not the paper (input checks, the measured loss kernel, the
+beam search's GNMT penalty and length budget, the cache's name across transformers versions) lives in
 `support_vanilla_transformer.py`. These two and `configuration_vanilla_transformer.py` import only torch,
 transformers, the standard library and each other: the Hub serves the three to `trust_remote_code` users.
 """

@@ -28,11 +28,11 @@ from pathlib import Path
 
 from transformers import TrainerCallback
 
-from .toolkit import command_line, environment, format_load, markdown_table, multi30k_missing, write_report
+from .toolkit import command_line, cpu_slug, environment, format_load, markdown_table, multi30k_missing, write_report
 
 ROOT = Path(__file__).resolve().parents[2]
 MULTI30K = ROOT.parent / "shared" / "data" / "multi30k"
-RESULTS = Path(__file__).with_name("results") / "data_stage"
+RESULTS = Path(__file__).with_name("results")
 STAGES = ("read", "vocabulary", "tokenize", "plan", "first_step")
 TRAIN_FLAGS = ["--preset", "base", "--vocab_size", "37000", "--max_tokens_per_batch", "4000", "--max_steps", "2",
                "--eval_strategy", "no", "--save_strategy", "no", "--report_to", "none", "--logging_steps", "1"]
@@ -75,8 +75,8 @@ def timed_training(argv: list[str]):
     """What scripts/train.py does with `argv`, its stages timed into OUTPUT_DIR/data_stage.json."""
     from vanilla_transformer.training import parse_training_args, run
 
-    clock = StageClock()
     model_args, data, recipe, args = parse_training_args(argv)
+    clock = StageClock()  # from where scripts/train.py's run() starts, as its stages are
     run(model_args, data, recipe, args, callbacks=[clock], on_stage_end=clock.stage)
     (Path(args.output_dir) / "data_stage.json").write_text(json.dumps(clock.times, indent=2))
 
@@ -99,7 +99,7 @@ def timed_run(files: dict[str, Path], output_dir: Path, cache: Path, extra: list
         raise RuntimeError(f"{' '.join(command)} failed (log: {log}):\n{log.read_text()[-4000:]}")
     stages = json.loads((output_dir / "data_stage.json").read_text())
     return {"seconds": round(seconds, 1), "peak_rss_mib": round(usage.ru_maxrss / 1024), "stages": stages,
-            "command": " ".join(["scripts/train.py", *flags])}
+            "command": " ".join(["timed_training:", "scripts/train.py", *flags])}
 
 
 def measure(pairs: int, work_dir: Path) -> dict:
@@ -133,13 +133,14 @@ def main(argv: list[str] | None = None) -> dict:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--pairs", type=int, nargs="+", default=[450_000, 4_500_000])
     parser.add_argument("--work_dir", type=Path, default=ROOT / "runs" / "data_stage")
-    parser.add_argument("--report", type=Path, default=RESULTS)
+    parser.add_argument("--report", type=Path,
+                        help="the report's path without suffix (default: scripts/benchmarks/results/data_stage_<cpu>)")
     args = parser.parse_args(argv)
     if (reason := multi30k_missing(MULTI30K)) is not None:
         parser.error(reason)
     results = {"command": command_line("data_stage", argv), "environment": environment(),
                "sizes": [measure(pairs, args.work_dir) for pairs in args.pairs]}
-    write_report(args.report, results, render(results))
+    write_report(args.report or RESULTS / f"data_stage_{cpu_slug(results['environment'])}", results, render(results))
     print(render(results))
     return results
 

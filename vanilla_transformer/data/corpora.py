@@ -122,8 +122,9 @@ def _identity(paths: list[PathLike]) -> tuple[tuple[str, int, int], ...]:
 
 @dataclass
 class ParallelFilesConfig(BuilderConfig):
-    """One corpus: `files` are two line-aligned text files, or one .tsv or .jsonl file (`file_format`). datasets
-    hashes every field into the cache directory's name, so `identity` keeps two files apart that share a path."""
+    """One corpus: `files` are two line-aligned text files, or one .tsv or .jsonl file (`file_format`), as absolute
+    paths. datasets hashes the fields a builder is given into its cache directory's name, so `identity` keeps an
+    edited file apart from what it was."""
 
     files: tuple[str, ...] = ()
     file_format: str = "text"
@@ -185,15 +186,17 @@ def _load_files(files: list[PathLike], file_format: str, src_lang: str, tgt_lang
     builder = ParallelFiles(
         cache_dir=None if cache_dir is None else str(cache_dir), dataset_name="parallel_files",
         writer_batch_size=CHUNK,  # one record batch a chunk: each batch's metadata is a page the reader touches
-        files=tuple(str(f) for f in files), file_format=file_format, identity=_identity(files),
+        files=tuple(os.path.abspath(f) for f in files), file_format=file_format, identity=_identity(files),
         src_lang=src_lang, tgt_lang=tgt_lang)
     try:
         builder.download_and_prepare(download_mode=download_mode)
     except DatasetGenerationError as err:  # datasets wraps what the files were refused for; the reason is ours
-        if isinstance(err.__cause__, ValueError):
-            raise err.__cause__
-        raise
-    return builder.as_dataset(split=Split.TRAIN)
+        refused = err.__cause__
+        if type(refused) is not ValueError:
+            raise
+    else:
+        return builder.as_dataset(split=Split.TRAIN)
+    raise refused from refused.__cause__  # outside the handler: the wrapper is not shown as its context
 
 
 def load_parallel_text_files(src_path: PathLike, tgt_path: PathLike, src_lang: str, tgt_lang: str,
@@ -318,6 +321,10 @@ def load_parallel_data(
     """Two text files (`source`, `target`), one .tsv/.jsonl file, or a dataset by name or folder (with
     `config_name`); `kwargs` go to the loader (`cache_dir` and `download_mode` for files, as `load_dataset` takes
     them)."""
+    if "overwrite_cache" in kwargs:
+        raise TypeError(f"overwrite_cache={kwargs['overwrite_cache']!r} does not apply to reading: files are read again "
+                        "when they change (download_mode='force_redownload' reads them anyway); tokenize_parallel "
+                        "takes overwrite_cache, as run_translation.py's --overwrite_cache redoes the tokenizing.")
     if Path(source).is_file() or target is not None:
         if config_name is not None or set(kwargs) - {"cache_dir", "download_mode"}:
             raise ValueError(f"config_name={config_name!r} (--dataset_config_name) and extra arguments {sorted(kwargs)} "

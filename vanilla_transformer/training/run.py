@@ -49,7 +49,9 @@ def run(model_args: ModelArguments, data: DataArguments, recipe: RecipeArguments
         on_stage_end: Callable[[str], None] | None = None) -> dict:
     """Train, evaluate BLEU on the test (else validation) split, save a Hub-ready folder; return the results.
     `callbacks`: TrainerCallbacks for the run's Trainer; `on_stage_end` is called with each stage's name as it
-    ends ("read", "vocabulary", "tokenize", "plan"), for a caller that times them. The arguments are not changed."""
+    ends ("read", "vocabulary", "tokenize", "plan"), for a caller that times them. The arguments' own fields are not
+    changed (Trainer gets a copy; the nested configs it shares with it, such as DeepSpeed's, Trainer fills in as it
+    would the caller's)."""
     stage_ended = on_stage_end or (lambda name: None)
     check_run_can_start(model_args, recipe, args)
     with args.main_process_first(desc="reading the data"):
@@ -311,11 +313,14 @@ def tokenize_splits(raw: DatasetDict, tokenizer, data: DataArguments,
                     args: TranslationTrainingArguments) -> tuple[Dataset, Dataset | None, LengthFilterReport]:
     """The training split (and the validation split when Trainer evaluates) as ids; long pairs dropped and
     reported. Returns both and the training split's length filter report."""
+    # --overwrite_cache: each machine's main process tokenizes again; the others then read what it wrote.
+    overwrite = data.overwrite_cache and args.local_process_index == 0
+
     def tokenized(split):
         workers = data.preprocessing_num_workers or min(available_cores(), max(1, len(raw[split]) // 50_000))
         with args.main_process_first(desc=f"tokenizing {split}"):
             return tokenize_parallel(raw[split], tokenizer, data.source_lang, data.target_lang, data.max_source_length,
-                                     data.max_target_length, num_proc=workers, overwrite_cache=data.overwrite_cache)
+                                     data.max_target_length, num_proc=workers, overwrite_cache=overwrite)
 
     train_set, report = tokenized("train")
     if report.kept == 0:

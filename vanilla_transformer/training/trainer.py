@@ -20,7 +20,9 @@ logger = logging.getLogger(__name__)
 class TokenBatches(TokenBucketBatchSampler, BatchRebalanceSampler):
     """`TokenBucketBatchSampler` as Trainer takes a rank-aware batch sampler: Trainer's `_get_dataloader` passes a
     `BatchRebalanceSampler` to the DataLoader as its `batch_sampler` and makes accelerate's shard wrapper a
-    pass-through. Only the type is borrowed; every method (and the constructor) is TokenBucketBatchSampler's."""
+    pass-through (an `isinstance` test, the same in transformers 5.23 and 5.25). Only the type is borrowed: the
+    constructor, `__iter__`, `__len__` and `set_epoch` are TokenBucketBatchSampler's, and BatchRebalanceSampler's
+    constructor never runs, so none of its attributes exist."""
 
 
 class PaperTrainer(Seq2SeqTrainer):
