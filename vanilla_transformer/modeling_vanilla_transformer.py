@@ -137,7 +137,7 @@ class VanillaTransformerFeedForward(nn.Module):
 
     def forward(self, x):
         x = F.dropout(self.activation(self.fc1(x)), p=self.activation_dropout, training=self.training)
-        return (self.fc2(x),)
+        return self.fc2(x)
 
 
 class _ResidualLayer(GradientCheckpointingLayer):
@@ -150,9 +150,8 @@ class _ResidualLayer(GradientCheckpointingLayer):
         self.dropout = config.dropout
 
     def residual(self, x, norm: nn.LayerNorm, sublayer: Callable):
-        output, *extra = sublayer(norm(x) if self.normalize_before else x)
-        x = x + F.dropout(output, p=self.dropout, training=self.training)
-        return (x if self.normalize_before else norm(x)), *extra
+        x = x + F.dropout(sublayer(norm(x) if self.normalize_before else x), p=self.dropout, training=self.training)
+        return x if self.normalize_before else norm(x)
 
 
 class VanillaTransformerEncoderLayer(_ResidualLayer):
@@ -166,10 +165,10 @@ class VanillaTransformerEncoderLayer(_ResidualLayer):
         self.final_layer_norm = nn.LayerNorm(config.d_model, eps=config.layer_norm_eps)
 
     def forward(self, hidden_states, attention_mask, **kwargs):
-        hidden_states, weights = self.residual(hidden_states, self.self_attn_layer_norm, lambda x: self.self_attn(
-            x, attention_mask=attention_mask, **kwargs))
-        hidden_states, = self.residual(hidden_states, self.final_layer_norm, self.ffn)
-        return hidden_states, weights
+        # The attention weights are the attention's second output, recorded there when asked for.
+        hidden_states = self.residual(hidden_states, self.self_attn_layer_norm, lambda x: self.self_attn(
+            x, attention_mask=attention_mask, **kwargs)[0])
+        return self.residual(hidden_states, self.final_layer_norm, self.ffn)
 
 
 class VanillaTransformerDecoderLayer(_ResidualLayer):
@@ -187,12 +186,11 @@ class VanillaTransformerDecoderLayer(_ResidualLayer):
 
     def forward(self, hidden_states, attention_mask, encoder_hidden_states, encoder_attention_mask, cache=None,
                 **kwargs):
-        hidden_states, self_weights = self.residual(hidden_states, self.self_attn_layer_norm, lambda x: self.self_attn(
-            x, attention_mask=attention_mask, cache=cache, **kwargs))
-        hidden_states, cross_weights = self.residual(hidden_states, self.encoder_attn_layer_norm, lambda x: (
-            self.encoder_attn(x, encoder_hidden_states, encoder_attention_mask, cache, **kwargs)))
-        hidden_states, = self.residual(hidden_states, self.final_layer_norm, self.ffn)
-        return hidden_states, self_weights, cross_weights
+        hidden_states = self.residual(hidden_states, self.self_attn_layer_norm, lambda x: self.self_attn(
+            x, attention_mask=attention_mask, cache=cache, **kwargs)[0])
+        hidden_states = self.residual(hidden_states, self.encoder_attn_layer_norm, lambda x: self.encoder_attn(
+            x, encoder_hidden_states, encoder_attention_mask, cache, **kwargs)[0])
+        return self.residual(hidden_states, self.final_layer_norm, self.ffn)
 
 
 class VanillaTransformerPreTrainedModel(PreTrainedModel):
@@ -279,7 +277,7 @@ class VanillaTransformerEncoder(_Stack):
         hidden_states = self.embed(input_ids, inputs_embeds)
         mask = self.padding_mask(hidden_states, attention_mask)
         for layer in self.layers:
-            hidden_states, _ = layer(hidden_states, mask, **kwargs)
+            hidden_states = layer(hidden_states, mask, **kwargs)
         if self.layer_norm is not None:
             hidden_states = self.layer_norm(hidden_states)
         return BaseModelOutput(last_hidden_state=hidden_states)
@@ -322,7 +320,7 @@ class VanillaTransformerDecoder(_Stack):
             self.config, hidden_states, attention_mask, None if cache is None else cache.self_attention_cache)
         cross_mask = self.padding_mask(hidden_states, encoder_attention_mask, encoder_hidden_states)
         for layer in self.layers:
-            hidden_states, _, _ = layer(hidden_states, causal_mask, encoder_hidden_states, cross_mask, cache, **kwargs)
+            hidden_states = layer(hidden_states, causal_mask, encoder_hidden_states, cross_mask, cache, **kwargs)
         if self.layer_norm is not None:
             hidden_states = self.layer_norm(hidden_states)
         return BaseModelOutputWithPastAndCrossAttentions(last_hidden_state=hidden_states, **{CACHE_FIELD: cache})

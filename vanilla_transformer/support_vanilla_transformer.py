@@ -281,6 +281,6 @@ def _gnmt_exponent(length: int, alpha: float) -> float:
     return alpha if length <= 1 else math.log(gnmt_length_penalty(length, alpha)) / math.log(length)
 
 
-__all__ = ["CACHE_FIELD", "accepts_past_key_values", "check_token_ids", "check_encoder_inputs", "check_decoder_inputs",
+__all__ = ["CACHE_FIELD", "accepts_past_key_values", "check_int", "check_token_ids", "check_encoder_inputs", "check_decoder_inputs",
            "check_model_inputs", "check_labels", "label_smoothed_cross_entropy", "PaperDecodingMixin",
            "gnmt_length_penalty"]

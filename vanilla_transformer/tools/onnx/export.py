@@ -60,7 +60,7 @@ class EncoderGraph(nn.Module):
         hidden_states = encoder.embed(input_ids, None)
         mask = additive_mask(attention_mask, hidden_states.dtype)
         for layer in encoder.layers:
-            hidden_states, _ = layer(hidden_states, mask)
+            hidden_states = layer(hidden_states, mask)
         return hidden_states if encoder.layer_norm is None else encoder.layer_norm(hidden_states)
 
 
@@ -90,7 +90,7 @@ class DecoderGraph(nn.Module):
         causal = torch.where(visible, 0.0, torch.finfo(hidden_states.dtype).min)[None, None].to(hidden_states.dtype)
         cross = additive_mask(encoder_attention_mask, hidden_states.dtype)
         for layer in decoder.layers:
-            hidden_states, _, _ = layer(hidden_states, causal, new_encoder_states, cross, cache)
+            hidden_states = layer(hidden_states, causal, new_encoder_states, cross, cache)
         if decoder.layer_norm is not None:
             hidden_states = decoder.layer_norm(hidden_states)
         present = []
