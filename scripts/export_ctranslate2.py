@@ -23,7 +23,8 @@ def main(argv=None):
     if args.max_positions < 3:
         command.error(f"--max_positions must be at least 3, got {args.max_positions}")
     command.write(export_ctranslate2, args.model, args.output_dir, quantization=args.quantization,
-                  max_positions=args.max_positions, verify=not args.no_verify)
+                  max_positions=args.max_positions, verify=not args.no_verify,
+                  languages=args.languages)
 
 
 if __name__ == "__main__":

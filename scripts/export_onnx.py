@@ -25,7 +25,8 @@ def main(argv=None):
     args = command.parse_args(argv)
     if args.quantize not in QUANTIZATIONS:
         command.error(f"--quantize {args.quantize}: choose int8 (or leave it out for float32 only)")
-    command.write(export_onnx, args.model, args.output_dir, quantize=args.quantize, verify=not args.no_verify)
+    command.write(export_onnx, args.model, args.output_dir, quantize=args.quantize, verify=not args.no_verify,
+                  languages=args.languages)
 
 
 if __name__ == "__main__":

@@ -1,13 +1,19 @@
 #!/usr/bin/env python
-r"""Serve a trained model or an export over HTTP with LibreTranslate's API, on Ray Serve (`pip install ".[serve]"`):
+r"""Serve trained models or their exports over HTTP with LibreTranslate's API, on Ray Serve (`pip install ".[serve]"`):
 
     python scripts/serve.py --model demo_output/model
+    python scripts/serve.py --model runs/en_de/ct2 --model runs/de_en/ct2     # several pairs, one API
     curl -s localhost:8000/translate -H 'Content-Type: application/json' \
-         -d '{"q": "I carry the blue pigs", "source": "en", "target": "de"}'
+         -d '{"q": "A man rides a bike. Two dogs play.", "source": "en", "target": "de"}'
 
-Without --address it starts a Ray of its own on this machine; with --address it joins a running cluster (`ray start
---head` on one machine, `ray start --address HEAD:6379` on the others), whose replicas serve behind every node's proxy.
-The application lives in `vanilla_transformer.tools.serving`.
+Any folder the project writes serves as it is: a saved model, or a CTranslate2 or ONNX export, whose engine and
+language pair the folder records (--engine and --languages for a folder that does not).
+
+Requests reach the replicas through Ray Serve's HAProxy ingress (--ingress haproxy, the default), or its Python proxy
+(--ingress proxy). Without --address it starts a Ray of its own on this machine; with --address it joins a running
+cluster, whose nodes were started with the same ingress (`RAY_SERVE_ENABLE_HA_PROXY=1 ray start --head` on one
+machine, `RAY_SERVE_ENABLE_HA_PROXY=1 ray start --address HEAD:6379` on the others). The application lives in
+`vanilla_transformer.tools.serving`.
 """
 
 import argparse
@@ -19,7 +25,9 @@ from pathlib import Path
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 from vanilla_transformer.tools.engines import ENGINES  # noqa: E402
-from vanilla_transformer.tools.serving import Limits, build_application  # noqa: E402
+from vanilla_transformer.tools.serving import Limits, ServedModel, build_application  # noqa: E402
+
+INGRESSES = ("haproxy", "proxy")
 
 
 def positive(kind):
@@ -31,60 +39,101 @@ def positive(kind):
     return parse
 
 
-def main(argv=None):
+def at_least_zero(text):
+    value = int(text)
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"must be at least 0, got {text}")
+    return value
+
+
+def parser():
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--model", required=True, help="A folder saved by scripts/train.py, or an export of one.")
-    parser.add_argument("--engine", choices=ENGINES, default="transformers",
-                        help="transformers: the model's generate(); ctranslate2 or onnxruntime: an export's folder.")
+    parser.add_argument("--model", required=True, action="append",
+                        help="A folder saved by scripts/train.py, or an export of one; repeat it to serve several pairs.")
+    parser.add_argument("--engine", choices=ENGINES, default=None,
+                        help="Default: what the folder is (an export's own engine, else transformers' generate()).")
     parser.add_argument("--quantized", choices=("int8",), default=None, help="onnxruntime: its int8 graphs.")
     parser.add_argument("--languages", nargs=2, metavar=("SOURCE", "TARGET"), default=None,
-                        help="The pair served (default: the two languages of the folder's model card).")
-    parser.add_argument("--num_replicas", type=positive(int), default=1, help="Translators, each a Ray actor.")
+                        help="The pair of a folder that records none (one --model only).")
+    parser.add_argument("--num_replicas", type=positive(int), default=2, help="Translators per model, each a Ray actor.")
     parser.add_argument("--threads", type=positive(int), default=1, help="CPU threads (and Ray CPUs) per replica.")
     parser.add_argument("--max_batch_size", type=positive(int), default=32,
                         help="Sentences one replica decodes together (1: no batching).")
     parser.add_argument("--batch_wait_timeout_s", type=float, default=0.005,
                         help="How long a batch waits for more sentences after its first.")
     parser.add_argument("--max_body_bytes", type=positive(int), default=Limits.max_body_bytes)
+    parser.add_argument("--char_limit", type=positive(int), default=None, help="Characters per text (default: none).")
+    parser.add_argument("--batch_limit", type=positive(int), default=None, help="Texts in q as a list (default: none).")
     parser.add_argument("--max_sentences", type=positive(int), default=Limits.max_sentences,
-                        help="Sentences per request (q as a list).")
+                        help="Sentences per request, once its texts are split.")
     parser.add_argument("--max_tokens", type=positive(int), default=Limits.max_tokens, help="Tokens per sentence.")
+    parser.add_argument("--max_alternatives", type=at_least_zero, default=Limits.max_alternatives,
+                        help="The most `alternatives` a request gets.")
+    parser.add_argument("--req_limit", type=positive(int), default=None,
+                        help="Requests a minute per api_key (or client address), counted by each replica; more get 429.")
+    parser.add_argument("--max_queued_requests", type=positive(int), default=Limits.max_queued_requests,
+                        help="Requests a replica holds at once; more get a fast 503.")
     parser.add_argument("--api_keys_file", type=Path, default=None,
                         help="One key per line: requests without a listed api_key get 403.")
+    parser.add_argument("--cors_origins", nargs="*", default=["*"],
+                        help="Origins whose pages may call the API (default: every origin, as LibreTranslate; "
+                             "none given: CORS off).")
     parser.add_argument("--request_timeout_s", type=positive(float), default=60.0,
-                        help="A request not answered by then gets 408 from Ray Serve's proxy.")
+                        help="A request not translated by then gets 503.")
+    parser.add_argument("--ingress", choices=INGRESSES, default="haproxy",
+                        help="haproxy: Ray Serve's HAProxy ingress, requests straight to the replicas; proxy: its "
+                             "Python proxy.")
     parser.add_argument("--host", default="127.0.0.1", help="Bind address (0.0.0.0 to serve other machines).")
     parser.add_argument("--port", type=int, default=8000)
     parser.add_argument("--address", default=None, help="A running Ray cluster's address (default: start one here).")
-    args = parser.parse_args(argv)
+    return parser
+
+
+def main(argv=None):
+    command = parser()
+    args = command.parse_args(argv)
     if args.batch_wait_timeout_s < 0:
-        parser.error(f"--batch_wait_timeout_s must be at least 0, got {args.batch_wait_timeout_s}")
-    if not Path(args.model).is_dir():
-        parser.error(f"--model {args.model}: no such folder")
-    if args.quantized and args.engine != "onnxruntime":
-        parser.error(f"--quantized {args.quantized} is for --engine onnxruntime, not {args.engine}")
+        command.error(f"--batch_wait_timeout_s must be at least 0, got {args.batch_wait_timeout_s}")
+    for folder in args.model:
+        if not Path(folder).is_dir():
+            command.error(f"--model {folder}: no such folder")
+    if args.languages and len(args.model) > 1:
+        command.error(f"--languages {' '.join(args.languages)} is for one --model; {len(args.model)} were given, and "
+                      "each must record its own pair")
     api_keys = None
     if args.api_keys_file is not None:
         if not args.api_keys_file.is_file():
-            parser.error(f"--api_keys_file {args.api_keys_file}: no such file")
+            command.error(f"--api_keys_file {args.api_keys_file}: no such file")
         api_keys = frozenset(line.strip() for line in args.api_keys_file.read_text().splitlines() if line.strip())
         if not api_keys:
-            parser.error(f"--api_keys_file {args.api_keys_file} lists no key")
-    application = build_application(
-        args.model, engine=args.engine, quantized=args.quantized,
-        languages=tuple(args.languages) if args.languages else None, num_replicas=args.num_replicas,
-        max_batch_size=args.max_batch_size, batch_wait_timeout_s=args.batch_wait_timeout_s,
-        limits=Limits(args.max_body_bytes, args.max_sentences, args.max_tokens), api_keys=api_keys,
-        threads=args.threads)
+            command.error(f"--api_keys_file {args.api_keys_file} lists no key")
+    # Read by Ray Serve when it is imported, here and in every process of a Ray this command starts.
+    os.environ["RAY_SERVE_ENABLE_HA_PROXY"] = "1" if args.ingress == "haproxy" else "0"
+
+    try:
+        models = [ServedModel.from_folder(folder, args.engine, args.languages, args.quantized) for folder in args.model]
+        if args.quantized and any(model.engine != "onnxruntime" for model in models):
+            raise ValueError(f"--quantized {args.quantized} is for onnxruntime exports (CTranslate2 exports are "
+                             "quantized when written)")
+        limits = Limits(args.max_body_bytes, args.char_limit, args.batch_limit, args.max_sentences, args.max_tokens,
+                        args.max_alternatives, args.req_limit, args.max_queued_requests)
+        application = build_application(
+            models, num_replicas=args.num_replicas, max_batch_size=args.max_batch_size,
+            batch_wait_timeout_s=args.batch_wait_timeout_s, limits=limits, api_keys=api_keys, threads=args.threads,
+            cors_origins=args.cors_origins, request_timeout_s=args.request_timeout_s)
+    except ValueError as error:
+        command.error(str(error))
 
     import ray
     from ray import serve
 
     ray.init(address=args.address, include_dashboard=False, log_to_driver=False)
-    serve.start(http_options={"host": args.host, "port": args.port, "request_timeout_s": args.request_timeout_s})
+    # Ray's own timeout backs up the application's, which answers in JSON first.
+    serve.start(http_options={"host": args.host, "port": args.port, "request_timeout_s": args.request_timeout_s + 5})
     serve.run(application, name="translation", route_prefix="/")
-    print(f"serving {args.model} ({args.engine}, {args.num_replicas} replica(s)) at http://{args.host}:{args.port}/ "
-          "- Ctrl+C stops", flush=True)
+    served = ", ".join(f"{'→'.join(m.languages)} ({m.engine}, {Path(m.folder).name})" for m in models)
+    print(f"serving {served} with {args.num_replicas} replica(s) each at http://{args.host}:{args.port}/ "
+          f"({args.ingress} ingress) - Ctrl+C stops", flush=True)
     stop = threading.Event()
     for sig in (signal.SIGINT, signal.SIGTERM):
         signal.signal(sig, lambda *_: stop.set())

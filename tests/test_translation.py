@@ -22,7 +22,7 @@ class EchoTranslator(Translator):
         self.tokenizer, self.decoding, self.max_positions = tiny_tokenizer(), decoding, max_positions
         self.calls = []
 
-    def generate(self, input_ids, attention_mask, num_beams, max_new_tokens):
+    def generate(self, input_ids, attention_mask, num_beams, max_new_tokens, num_hypotheses=1):
         self.calls.append({"lengths": attention_mask.sum(1).tolist(), "width": input_ids.shape[1],
                            "num_beams": num_beams, "max_new_tokens": max_new_tokens})
         return [np.concatenate([[1], ids[mask.astype(bool)]]) for ids, mask in zip(input_ids, attention_mask)]

@@ -20,7 +20,7 @@ from pathlib import Path
 
 import torch
 
-from .exports import read_export_record, require, write_export_record
+from .exports import export_languages, read_export_record, require, write_export_record
 from .folders import check_output_dir, load_model_and_tokenizer, staged_output_dir
 from ..modeling_vanilla_transformer import SinusoidalPositionalEncoding
 from ..support_vanilla_transformer import check_int
@@ -110,7 +110,7 @@ def transformer_spec(model, tokenizer, max_positions: int = 1024):
 
 
 def export_ctranslate2(model_or_dir, output_dir, quantization: str | None = None, tokenizer=None,
-                       max_positions: int = 1024, verify: bool = True) -> Path:
+                       max_positions: int = 1024, verify: bool = True, languages=None) -> Path:
     """Write a CTranslate2 model of `model_or_dir` (a model with `tokenizer`, or a saved folder) to `output_dir`,
     a new folder, with the tokenizer, the decoding settings and a README beside it. `quantization`: None (the
     weights' own float32), "int8", "int8_float16", "float16", ... as CTranslate2 accepts.
@@ -118,9 +118,11 @@ def export_ctranslate2(model_or_dir, output_dir, quantization: str | None = None
     With `verify` (the default) the float32 export first scores a fixed random batch, and a token whose
     log-probability differs from the model's by more than `VERIFY_ATOL` raises `VerificationError`; a quantized
     export is written after that check of its float32 twin (quantization error is the engine's, not a mapping's).
-    The folder appears only once it is complete."""
+    The folder appears only once it is complete. `languages` ([source, target], default: the saved folder's model
+    card) is recorded for the server."""
     ct2 = _ctranslate2()
     check_int("max_positions (a token and eos, a side)", max_positions, at_least=3)
+    languages = export_languages(model_or_dir, languages)
     output_dir = check_output_dir(output_dir)
     model, tokenizer = load_model_and_tokenizer(model_or_dir, tokenizer)
     transformer_spec(model, tokenizer, max_positions)  # refuses what CTranslate2 cannot express, before any write
@@ -140,7 +142,7 @@ def export_ctranslate2(model_or_dir, output_dir, quantization: str | None = None
             verify_ctranslate2(model, tokenizer, staging, max_positions)
         if quantization is not None or not verify:
             convert(staging, quantization)
-        _write_export_files(model, tokenizer, staging, output_dir.name, quantization, max_positions)
+        _write_export_files(model, tokenizer, staging, output_dir.name, quantization, max_positions, languages)
     return output_dir
 
 
@@ -170,9 +172,9 @@ def verify_ctranslate2(model, tokenizer, folder, max_positions: int) -> float:
                        how_to_skip="--no_verify (verify=False)")
 
 
-def _write_export_files(model, tokenizer, output_dir: Path, name: str, quantization, max_positions):
+def _write_export_files(model, tokenizer, output_dir: Path, name: str, quantization, max_positions, languages):
     tokenizer.save_pretrained(output_dir)
-    record = write_export_record(output_dir, model, "ctranslate2", [quantization or "float32"],
+    record = write_export_record(output_dir, model, "ctranslate2", [quantization or "float32"], languages,
                                  max_positions=max_positions)
     decoding = record["decoding"]
     gnmt = decoding["length_penalty_type"] == "gnmt"
@@ -180,7 +182,8 @@ def _write_export_files(model, tokenizer, output_dir: Path, name: str, quantizat
     (output_dir / "README.md").write_text(f"""# CTranslate2 export of a vanilla_transformer model
 
 Weights: {quantization or "float32"}. Translate with `vanilla_transformer.tools.ctranslate2.CTranslate2Translator` or
-`scripts/translate.py --engine ctranslate2 --model {name}` (the tokenizer is in this folder).
+`scripts/translate.py --engine ctranslate2 --model {name}` (the tokenizer is in this folder); serve it with
+`scripts/serve.py --model {name}`{f" ({' to '.join(languages)}, as recorded)" if languages else " --languages SOURCE TARGET"}.
 
 - Inputs and outputs are limited to {max_positions} positions (the sinusoid table written into the model).
 - Beam size {decoding['num_beams']}, length penalty {decoding['length_penalty']} as log P / |Y|^alpha
@@ -202,13 +205,14 @@ class CTranslate2Translator(Translator):
         self.tokenizer = AutoTokenizer.from_pretrained(model_dir)
         self.translator = translator or ct2.Translator(str(model_dir), device=device, intra_threads=threads)
 
-    def generate(self, input_ids, attention_mask, num_beams, max_new_tokens):
+    def generate(self, input_ids, attention_mask, num_beams, max_new_tokens, num_hypotheses=1):
         tokens = [self.tokenizer.convert_ids_to_tokens(ids[mask.astype(bool)].tolist())
                   for ids, mask in zip(input_ids, attention_mask)]
         output = self.translator.translate_batch(
-            tokens, beam_size=num_beams, length_penalty=self.decoding["length_penalty"],
+            tokens, beam_size=num_beams, num_hypotheses=num_hypotheses, length_penalty=self.decoding["length_penalty"],
             max_input_length=self.max_positions, max_decoding_length=min(max_new_tokens, self.max_positions - 1))
-        return [self.tokenizer.convert_tokens_to_ids(result.hypotheses[0]) for result in output]
+        return [self.tokenizer.convert_tokens_to_ids(hypothesis) for result in output
+                for hypothesis in result.hypotheses]
 
 
 __all__ = ["export_ctranslate2", "verify_ctranslate2", "CTranslate2Translator", "transformer_spec"]

@@ -36,13 +36,31 @@ def decoding_record(model) -> dict:
             "max_length": generation.max_length or 20}
 
 
-def write_export_record(folder: str | os.PathLike, model, engine: str, quantization: list[str], **details) -> dict:
+def export_languages(model_or_dir, languages=None) -> list[str] | None:
+    """The [source, target] an export records: `languages` as given, else the pair of the saved folder's model card
+    (scripts/train.py writes one), else None (the server then asks for --languages)."""
+    if languages is not None:
+        languages = list(languages)
+        if len(languages) != 2 or not all(isinstance(code, str) and code for code in languages):
+            raise ValueError(f"languages={languages!r}: give two language codes, source and target, e.g. ['en', 'de']")
+        return languages
+    if isinstance(model_or_dir, (str, os.PathLike)) and Path(model_or_dir).is_dir():
+        from .model_card import card_languages
+
+        pair = card_languages(model_or_dir)
+        return list(pair) if pair else None
+    return None
+
+
+def write_export_record(folder: str | os.PathLike, model, engine: str, quantization: list[str],
+                        languages: list[str] | None = None, **details) -> dict:
     """Write the record of an export for `engine` ("ctranslate2" or "onnxruntime") of `model`: the weights'
-    quantizations, the engine-specific `details`, the decoding settings and the versions it was written with."""
+    quantizations, the language pair (None where unknown), the engine-specific `details`, the decoding settings and
+    the versions it was written with."""
     import torch
 
-    record = {"engine": engine, "quantization": quantization, **details, "decoding": decoding_record(model),
-              "versions": {"torch": torch.__version__}}
+    record = {"engine": engine, "quantization": quantization, "languages": languages, **details,
+              "decoding": decoding_record(model), "versions": {"torch": torch.__version__}}
     extra = "ctranslate2" if engine == "ctranslate2" else "onnx"
     record["versions"].update({module: __import__(module).__version__ for module in EXTRAS[extra]})
     (Path(folder) / EXPORT_RECORD).write_text(json.dumps(record, indent=2) + "\n")
@@ -62,6 +80,22 @@ def read_export_record(folder: str | os.PathLike, engine: str) -> dict:
     return record
 
 
+def describe_folder(folder: str | os.PathLike) -> dict:
+    """What serving a folder needs to know, read from the folder alone: {"engine": "transformers" for a saved model,
+    else the export's engine, "quantization": the export's weights ([] for a saved model), "languages": the recorded
+    or card-declared [source, target], or None, "max_positions": the longest input an export takes, or None}."""
+    folder = Path(folder)
+    if (folder / EXPORT_RECORD).is_file():
+        record = json.loads((folder / EXPORT_RECORD).read_text())
+        return {"engine": record.get("engine"), "quantization": record.get("quantization", []),
+                "languages": record.get("languages"), "max_positions": record.get("max_positions")}
+    from .model_card import card_languages
+
+    pair = card_languages(folder)
+    return {"engine": "transformers", "quantization": [], "languages": list(pair) if pair else None,
+            "max_positions": None}
+
+
 class ExportCommand(argparse.ArgumentParser):
     """The command line of an export script: --model (a saved folder), --output_dir (a new folder) and --no_verify,
     refused by name before anything is loaded or written; the script adds its own flags. `write` runs the export
@@ -72,6 +106,8 @@ class ExportCommand(argparse.ArgumentParser):
         self.add_argument("--model", required=True, help="A folder saved by scripts/train.py (model and tokenizer).")
         self.add_argument("--output_dir", required=True, help=output_help)
         self.add_argument("--no_verify", action="store_true", help=verify_help)
+        self.add_argument("--languages", nargs=2, metavar=("SOURCE", "TARGET"), default=None,
+                          help="The pair the export records for scripts/serve.py (default: the model card's).")
 
     def parse_args(self, args=None, namespace=None):
         parsed = super().parse_args(args, namespace)
@@ -93,4 +129,5 @@ class ExportCommand(argparse.ArgumentParser):
         print(f"wrote {folder}")
 
 
-__all__ = ["EXPORT_RECORD", "require", "decoding_record", "write_export_record", "read_export_record", "ExportCommand"]
+__all__ = ["EXPORT_RECORD", "require", "decoding_record", "export_languages", "write_export_record", "read_export_record",
+           "describe_folder", "ExportCommand"]

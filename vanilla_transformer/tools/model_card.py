@@ -290,5 +290,15 @@ def check_model_card_metadata(card: ModelCard | str | os.PathLike) -> ModelCardD
     return data
 
 
+def card_languages(folder: str | os.PathLike) -> tuple[str, str] | None:
+    """The (source, target) pair a folder's model card declares (`language: [en, de]`), or None where the folder
+    has no card or its card names no two languages."""
+    card = Path(folder, "README.md")
+    if not card.is_file():
+        return None
+    languages = check_model_card_metadata(card).language
+    return tuple(languages) if isinstance(languages, list) and len(languages) == 2 else None
+
+
 __all__ = ["TEMPLATE_PATH", "render_model_card", "write_run_card", "model_card_variables", "check_model_card_metadata",
-           "count_parameters", "hyperparameters"]
+           "card_languages", "count_parameters", "hyperparameters"]

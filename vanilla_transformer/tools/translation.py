@@ -26,14 +26,15 @@ class InputTooLong(ValueError):
 class Translator:
     """The loop. An engine sets `tokenizer`, `decoding` (the model's saved settings: num_beams, max_new_tokens,
     max_new_tokens_over_input, max_length), optionally `max_positions` (the longest input it takes), and
-    implements `generate(input_ids, attention_mask, num_beams, max_new_tokens)` on one right-padded numpy batch,
-    returning one sequence of token ids per row."""
+    implements `generate(input_ids, attention_mask, num_beams, max_new_tokens, num_hypotheses)` on one right-padded
+    numpy batch, returning the `num_hypotheses` best sequences of token ids of each row, best first, row after row."""
 
     tokenizer = None
     decoding: dict = {}
     max_positions: int | None = None
 
-    def generate(self, input_ids: np.ndarray, attention_mask: np.ndarray, num_beams: int, max_new_tokens: int):
+    def generate(self, input_ids: np.ndarray, attention_mask: np.ndarray, num_beams: int, max_new_tokens: int,
+                 num_hypotheses: int = 1):
         raise NotImplementedError
 
     def budget(self, source_length: int, max_new_tokens: int | None) -> int | None:
@@ -52,24 +53,34 @@ class Translator:
         """Translate `texts`, returned in their order; `num_beams` / `max_new_tokens` override the saved settings.
         An input longer than `max_source_length` (or than the engine takes) raises `InputTooLong` before any
         decoding."""
+        return [best for best, in self.hypotheses(texts, 1, batch_size, num_beams, max_new_tokens, max_source_length,
+                                                  progress)]
+
+    def hypotheses(self, texts: list[str], num_hypotheses: int, batch_size: int = 64, num_beams: int | None = None,
+                   max_new_tokens: int | None = None, max_source_length: int | None = None,
+                   progress: bool = False) -> list[list[str]]:
+        """The `num_hypotheses` best translations of each of `texts`, best first, from a beam of at least that many
+        (the saved beam size, or `num_beams`, where it is larger)."""
         if isinstance(texts, str):
             raise TypeError("`texts` must be a list of strings, not one string.")
-        for name, value in (("batch_size", batch_size), ("num_beams", num_beams), ("max_new_tokens", max_new_tokens)):
+        for name, value in (("batch_size", batch_size), ("num_beams", num_beams), ("max_new_tokens", max_new_tokens),
+                            ("num_hypotheses", num_hypotheses)):
             if value is not None:
                 check_int(f"`{name}`", value)
         texts = list(texts)
         ids = self.tokenizer(texts)["input_ids"] if texts else []
         self._check_lengths(texts, ids, max_source_length)
         order = sorted(range(len(texts)), key=lambda i: -len(ids[i]))
-        results: list[str | None] = [None] * len(texts)
-        beams = num_beams or self.decoding.get("num_beams") or 1
+        results: list[list[str] | None] = [None] * len(texts)
+        beams = max(num_beams or self.decoding.get("num_beams") or 1, num_hypotheses)
         for start in tqdm(range(0, len(order), batch_size), desc="translating", disable=not progress, unit="batch"):
             indices = order[start:start + batch_size]
             batch = self.tokenizer.pad({"input_ids": [ids[i] for i in indices]}, return_tensors="np")
             output = self.generate(batch["input_ids"], batch["attention_mask"], beams,
-                                   self.budget(batch["input_ids"].shape[1], max_new_tokens))
-            for i, text in zip(indices, self.tokenizer.batch_decode(output, skip_special_tokens=True)):
-                results[i] = text.strip()
+                                   self.budget(batch["input_ids"].shape[1], max_new_tokens), num_hypotheses)
+            decoded = [text.strip() for text in self.tokenizer.batch_decode(output, skip_special_tokens=True)]
+            for row, i in enumerate(indices):
+                results[i] = decoded[row * num_hypotheses:(row + 1) * num_hypotheses]
         return results
 
     def _check_lengths(self, texts, ids, max_source_length):
@@ -97,9 +108,9 @@ class GenerateTranslator(Translator):
     def budget(self, source_length, max_new_tokens):
         return max_new_tokens
 
-    def generate(self, input_ids, attention_mask, num_beams, max_new_tokens):
+    def generate(self, input_ids, attention_mask, num_beams, max_new_tokens, num_hypotheses=1):
         device = next(self.model.parameters()).device
-        kwargs = {**self.generate_kwargs, "num_beams": num_beams}
+        kwargs = {**self.generate_kwargs, "num_beams": num_beams, "num_return_sequences": num_hypotheses}
         if max_new_tokens is not None:
             kwargs["max_new_tokens"] = max_new_tokens
         self.model.eval()

@@ -28,7 +28,7 @@ from transformers.cache_utils import DynamicCache, EncoderDecoderCache
 
 from ...configuration_vanilla_transformer import VanillaTransformerConfig
 from ...modeling_vanilla_transformer import VanillaTransformerForConditionalGeneration
-from ..exports import require, write_export_record
+from ..exports import export_languages, require, write_export_record
 from ..folders import check_output_dir, load_model_and_tokenizer, staged_output_dir
 from ..marian import marian_config_like
 from ..verification import check_close, float32_reference, verification_batch
@@ -189,21 +189,24 @@ def verify_onnx(model, folder) -> float:
     return largest
 
 
-def export_onnx(model_or_dir, output_dir, quantize: str | None = None, tokenizer=None, verify: bool = True) -> Path:
+def export_onnx(model_or_dir, output_dir, quantize: str | None = None, tokenizer=None, verify: bool = True,
+                languages=None) -> Path:
     """Write an ONNX export of `model_or_dir` (a model with `tokenizer`, or a saved folder) to `output_dir`, a new
     folder: the float32 graphs, with `quantize="int8"` also their dynamically quantized `_quantized` twins (int8 weights,
     activations quantized at run time), and the configs and tokenizer transformers.js reads.
 
     With `verify` (the default) the float32 graphs are checked against the model (`verify_onnx`) before the folder
-    appears; the folder appears only once it is complete."""
+    appears; the folder appears only once it is complete. `languages` ([source, target], default: the saved folder's
+    model card) is recorded for the server."""
     check_quantization(quantize)
+    languages = export_languages(model_or_dir, languages)
     _check_export_packages()
     output_dir = check_output_dir(output_dir)
     model, tokenizer = load_model_and_tokenizer(model_or_dir, tokenizer)
     _check_exportable(model, tokenizer)
     with staged_output_dir(output_dir) as staging:
         paths = export_graphs(model, staging)
-        _write_export_files(model, tokenizer, staging, output_dir.name, quantize)
+        _write_export_files(model, tokenizer, staging, output_dir.name, quantize, languages)
         if verify:
             verify_onnx(model, staging)
         if quantize is not None:
@@ -215,7 +218,7 @@ def export_onnx(model_or_dir, output_dir, quantize: str | None = None, tokenizer
     return output_dir
 
 
-def _write_export_files(model, tokenizer, folder: Path, name: str, quantize):
+def _write_export_files(model, tokenizer, folder: Path, name: str, quantize, languages):
     """config.json (as transformers.js reads a Marian model), generation_config.json, the tokenizer, the decoding
     record the runtime decodes with, and a README."""
     config = model.config
@@ -230,7 +233,7 @@ def _write_export_files(model, tokenizer, folder: Path, name: str, quantize):
     (folder / "config.json").write_text(json.dumps(marian, indent=2, sort_keys=True) + "\n")
     tokenizer.save_pretrained(folder)
     decoding = write_export_record(folder, model, "onnxruntime", ["float32", *([quantize] if quantize else [])],
-                                   graphs={name: f"onnx/{name}.onnx" for name in GRAPHS}, opset=OPSET)["decoding"]
+                                   languages, graphs={name: f"onnx/{name}.onnx" for name in GRAPHS}, opset=OPSET)["decoding"]
     offset = decoding["max_new_tokens_over_input"]
     # transformers.js has no source-relative budget: a fixed one, generous for sentences, stands in for it.
     engine_budget = decoding["max_new_tokens"] or (256 if offset is not None else None)
@@ -258,6 +261,8 @@ model's own{marian_note}.
   `scripts/translate.py --engine onnxruntime --model {name}`: beam {decoding['num_beams']}, length penalty
   {decoding['length_penalty']} as log P / {penalty}, at most {f'source length + {offset}' if offset is not None else
   decoding['max_new_tokens'] or decoding['max_length'] - 1} new tokens, as the model's generate().
+- Serving: `scripts/serve.py --model {name}`{f" ({' to '.join(languages)}, as recorded)" if languages else
+  " --languages SOURCE TARGET"}.
 - transformers.js: `pipeline('translation', folder)`, greedy (transformers.js 4.3 has no beam search; its
   `dtype: 'q8'`, the default in browsers, runs the `_quantized` graphs); generation_config.json gives it a fixed
   budget of {engine_budget} new tokens{'' if offset is None else ' (it has no source-relative one)'}.

@@ -116,11 +116,11 @@ def greedy_search(engine: OnnxSeq2Seq, input_ids, attention_mask, decoding: dict
 
 
 def beam_search(engine: OnnxSeq2Seq, input_ids, attention_mask, decoding: dict, max_new_tokens: int,
-                num_beams: int) -> list:
+                num_beams: int, num_hypotheses: int = 1) -> list:
     """generate()'s beam search, step for step (transformers 5's vectorised `_beam_search`): 2 x `num_beams`
     candidates a step, finished hypotheses ranked by log P / penalty(length) (|Y|^alpha, or GNMT's
-    ((5 + |Y|) / 6)^alpha where the model was saved with it), and its `early_stopping` rules. The best hypothesis
-    of each source, as token ids.
+    ((5 + |Y|) / 6)^alpha where the model was saved with it), and its `early_stopping` rules. The
+    `num_hypotheses` best hypotheses of each source, best first, as token ids, source after source.
 
     A source leaves the batch as soon as its best hypotheses are final (generate() keeps searching it until the
     whole batch is done, without changing them), as fairseq's search does."""
@@ -192,9 +192,9 @@ def beam_search(engine: OnnxSeq2Seq, input_ids, attention_mask, decoding: dict, 
             past = select_rows(past, reorder)
             continue
         for i in done.nonzero()[:, 0].tolist():
-            outputs[alive[i]] = sequences[i, 0].tolist()
+            outputs[alive[i]] = sequences[i, :num_hypotheses].tolist()
         if done.all():
-            return outputs
+            return [hypothesis for source in outputs for hypothesis in source]
         kept = (~done).nonzero()[:, 0]
         rows = (kept[:, None] * beams + torch.arange(beams)).view(-1)
         alive, running, running_scores, sequences, scores, finished, improvable = (
@@ -215,10 +215,11 @@ class OnnxTranslator(Translator):
         self.engine = OnnxSeq2Seq(folder, QUANTIZATIONS[quantized], threads)
         self.tokenizer = AutoTokenizer.from_pretrained(folder)
 
-    def generate(self, input_ids, attention_mask, num_beams, max_new_tokens):
+    def generate(self, input_ids, attention_mask, num_beams, max_new_tokens, num_hypotheses=1):
         if num_beams == 1:
             return greedy_search(self.engine, input_ids, attention_mask, self.decoding, max_new_tokens)
-        return beam_search(self.engine, input_ids, attention_mask, self.decoding, max_new_tokens, num_beams)
+        return beam_search(self.engine, input_ids, attention_mask, self.decoding, max_new_tokens, num_beams,
+                           num_hypotheses)
 
 
 __all__ = ["OnnxSeq2Seq", "OnnxTranslator", "greedy_search", "beam_search", "past_names", "GRAPHS", "QUANTIZATIONS",
