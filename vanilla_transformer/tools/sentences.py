@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from functools import lru_cache
 
 # A text with none of these followed by a space holds one sentence per line, and skips the segmenter.
-_POSSIBLE_BOUNDARY = re.compile(r"[.!?…]['\"’”»«)\]]*\s+\S|[。！？]\S")
+_POSSIBLE_BOUNDARY = re.compile(r"[.!?…]['\"‘’“”»«)\]]*\s+\S|[。！？]\S")
 
 
 @lru_cache(maxsize=None)

@@ -21,6 +21,7 @@ reaches a model. Ray and FastAPI are the `serve` extra (`pip install ".[serve]"`
 
 import asyncio
 import json
+import math
 import re
 import time
 from collections import defaultdict, deque
@@ -164,14 +165,14 @@ async def parse_fields(body: bytes, headers, limits: Limits) -> Fields:
 
 
 async def _multipart_fields(body: bytes, headers) -> dict:
-    from starlette.datastructures import UploadFile
+    from starlette.datastructures import Headers, UploadFile
     from starlette.formparsers import MultiPartException, MultiPartParser
 
     async def stream():
         yield body
 
     try:
-        form = await MultiPartParser(headers, stream(), max_files=0, max_fields=len(FIELDS) * 4).parse()
+        form = await MultiPartParser(Headers(headers=dict(headers.items())), stream(), max_fields=len(FIELDS) * 4).parse()
     except MultiPartException as error:
         raise RequestError(400, f"the multipart body is not readable: {error.message}") from None
     fields = {}
@@ -297,7 +298,7 @@ class RateLimiter:
         while seen and seen[0] <= now - 60:
             seen.popleft()
         if len(seen) >= self.per_minute:
-            retry = max(1, int(seen[0] + 60 - now) + 1)
+            retry = max(1, math.ceil(seen[0] + 60 - now))
             raise RequestError(429, f"Slowdown: more than req_limit={self.per_minute} requests a minute; retry in "
                                     f"{retry} s", {"Retry-After": str(retry)})
         seen.append(now)
