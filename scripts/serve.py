@@ -17,6 +17,7 @@ machine, `RAY_SERVE_ENABLE_HA_PROXY=1 ray start --address HEAD:6379` on the othe
 """
 
 import argparse
+import dataclasses
 import os
 import signal
 import threading
@@ -24,6 +25,7 @@ from pathlib import Path
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
+from vanilla_transformer.tools.ctranslate2 import compute_type_speeds  # noqa: E402
 from vanilla_transformer.tools.engines import ENGINES  # noqa: E402
 from vanilla_transformer.tools.serving import Limits, ServedModel, build_application  # noqa: E402
 
@@ -53,13 +55,16 @@ def parser():
     parser.add_argument("--engine", choices=ENGINES, default=None,
                         help="Default: what the folder is (an export's own engine, else transformers' generate()).")
     parser.add_argument("--quantized", choices=("int8",), default=None, help="onnxruntime: its int8 graphs.")
+    parser.add_argument("--compute_type", default="fastest",
+                        help="ctranslate2: the type it computes in; fastest (measured here at start, and used by every "
+                             "replica), default (as the export was written), or int8, float32, bfloat16, ...")
     parser.add_argument("--languages", nargs=2, metavar=("SOURCE", "TARGET"), default=None,
                         help="The pair of a folder that records none (one --model only).")
     parser.add_argument("--num_replicas", type=positive(int), default=2, help="Translators per model, each a Ray actor.")
     parser.add_argument("--threads", type=positive(int), default=1, help="CPU threads (and Ray CPUs) per replica.")
     parser.add_argument("--max_batch_size", type=positive(int), default=32,
                         help="Sentences one replica decodes together (1: no batching).")
-    parser.add_argument("--batch_wait_timeout_s", type=float, default=0.005,
+    parser.add_argument("--batch_wait_timeout_s", type=float, default=None,
                         help="How long a batch waits for more sentences after its first.")
     parser.add_argument("--max_body_bytes", type=positive(int), default=Limits.max_body_bytes)
     parser.add_argument("--char_limit", type=positive(int), default=None, help="Characters per text (default: none).")
@@ -89,10 +94,22 @@ def parser():
     return parser
 
 
+def served_model(folder, args) -> ServedModel:
+    """The folder as the server runs it; a CTranslate2 export in the compute type measured fastest here."""
+    model = ServedModel.from_folder(folder, args.engine, args.languages, args.quantized, args.compute_type)
+    if model.compute_type != "fastest":
+        return model
+    speeds = compute_type_speeds(model.folder, threads=args.threads)
+    fastest = max(speeds, key=speeds.get)
+    print(f"{folder}: {fastest} measured fastest here (sentences/s, {args.threads} thread(s): "
+          f"{', '.join(f'{name} {speed:.0f}' for name, speed in speeds.items())})", flush=True)
+    return dataclasses.replace(model, compute_type=fastest)
+
+
 def main(argv=None):
     command = parser()
     args = command.parse_args(argv)
-    if args.batch_wait_timeout_s < 0:
+    if args.batch_wait_timeout_s is not None and args.batch_wait_timeout_s < 0:
         command.error(f"--batch_wait_timeout_s must be at least 0, got {args.batch_wait_timeout_s}")
     for folder in args.model:
         if not Path(folder).is_dir():
@@ -107,11 +124,16 @@ def main(argv=None):
         api_keys = frozenset(line.strip() for line in args.api_keys_file.read_text().splitlines() if line.strip())
         if not api_keys:
             command.error(f"--api_keys_file {args.api_keys_file} lists no key")
-    # Read by Ray Serve when it is imported, here and in every process of a Ray this command starts.
+    # Read by Ray Serve when it is imported, here and in every process of a Ray this command starts: the ingress,
+    # and Ray Serve's throughput mode (user code on the replica's own event loop, buffered access logs), measured
+    # faster for both ingresses (scripts/benchmarks/serving.py). The Python proxy needs direct ingress off.
     os.environ["RAY_SERVE_ENABLE_HA_PROXY"] = "1" if args.ingress == "haproxy" else "0"
+    os.environ.setdefault("RAY_SERVE_THROUGHPUT_OPTIMIZED", "1")
+    if args.ingress == "proxy":
+        os.environ["RAY_SERVE_ENABLE_DIRECT_INGRESS"] = "0"
 
     try:
-        models = [ServedModel.from_folder(folder, args.engine, args.languages, args.quantized) for folder in args.model]
+        models = [served_model(folder, args) for folder in args.model]
         if args.quantized and any(model.engine != "onnxruntime" for model in models):
             raise ValueError(f"--quantized {args.quantized} is for onnxruntime exports (CTranslate2 exports are "
                              "quantized when written)")

@@ -192,18 +192,57 @@ Weights: {quantization or "float32"}. Translate with `vanilla_transformer.tools.
 """)
 
 
-class CTranslate2Translator(Translator):
-    """An export on CTranslate2 behind the translation loop, decoding with the export's settings.
-    `translator` reuses a loaded `ctranslate2.Translator`."""
+def compute_type_speeds(model_dir, device: str = "cpu", threads: int = 0, sentences: int = 16,
+                        length: int = 16) -> dict[str, float]:
+    """Sentences a second that the export in `model_dir` decodes in each compute type this machine supports (int8,
+    float32, bfloat16, ...: CTranslate2 converts the weights when it loads them), on a fixed batch of `sentences`
+    random sources decoded for exactly `length` steps with the export's beam, so that every type does the same work.
+    Which one is fastest depends on the CPU (int8 needs VNNI or AMX to pay), so it is measured where it runs."""
+    ct2 = _ctranslate2()
+    import json
+    import random
+    import time
 
-    def __init__(self, model_dir, device: str = "cpu", threads: int = 0, translator=None):
+    record = read_export_record(model_dir, "ctranslate2")
+    vocabulary = json.loads((Path(model_dir) / "shared_vocabulary.json").read_text(encoding="utf-8"))
+    vocabulary = [token for token in vocabulary if not token.startswith("<")]
+    picker = random.Random(0)
+    batch = [[picker.choice(vocabulary) for _ in range(length)] for _ in range(sentences)]
+    beams = record["decoding"]["num_beams"]
+    speeds = {}
+    for compute_type in sorted(ct2.get_supported_compute_types(device)):
+        if "float16" in compute_type and not compute_type.startswith("b"):  # float16: GPUs only
+            continue
+        translator = ct2.Translator(str(model_dir), device=device, compute_type=compute_type, intra_threads=threads)
+        decode = lambda: translator.translate_batch(batch, beam_size=beams, min_decoding_length=length,  # noqa: E731
+                                                    max_decoding_length=length)
+        decode()
+        started = time.perf_counter()
+        for _ in range(2):
+            decode()
+        speeds[compute_type] = 2 * sentences / (time.perf_counter() - started)
+    return speeds
+
+
+class CTranslate2Translator(Translator):
+    """An export on CTranslate2 behind the translation loop, decoding with the export's settings. `compute_type`:
+    "default" (the type the weights were written in), a type CTranslate2 accepts, or "fastest" (the fastest type on
+    this machine, `compute_type_speeds`). `translator` reuses a loaded `ctranslate2.Translator`."""
+
+    def __init__(self, model_dir, device: str = "cpu", threads: int = 0, translator=None,
+                 compute_type: str = "default"):
         ct2 = _ctranslate2()
         from transformers import AutoTokenizer
 
         record = read_export_record(model_dir, "ctranslate2")
         self.decoding, self.max_positions = record["decoding"], record["max_positions"]
         self.tokenizer = AutoTokenizer.from_pretrained(model_dir)
-        self.translator = translator or ct2.Translator(str(model_dir), device=device, intra_threads=threads)
+        if compute_type == "fastest":
+            speeds = compute_type_speeds(model_dir, device, threads)
+            compute_type = max(speeds, key=speeds.get)
+        self.compute_type = compute_type
+        self.translator = translator or ct2.Translator(str(model_dir), device=device, intra_threads=threads,
+                                                       compute_type=compute_type)
 
     def generate(self, input_ids, attention_mask, num_beams, max_new_tokens, num_hypotheses=1):
         tokens = [self.tokenizer.convert_ids_to_tokens(ids[mask.astype(bool)].tolist())
@@ -215,4 +254,4 @@ class CTranslate2Translator(Translator):
                 for hypothesis in result.hypotheses]
 
 
-__all__ = ["export_ctranslate2", "verify_ctranslate2", "CTranslate2Translator", "transformer_spec"]
+__all__ = ["export_ctranslate2", "verify_ctranslate2", "CTranslate2Translator", "compute_type_speeds", "transformer_spec"]

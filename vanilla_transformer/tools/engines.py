@@ -9,18 +9,21 @@ ENGINES = ("transformers", "ctranslate2", "onnxruntime")
 
 
 def load_translator(engine: str, model_dir, device: str = "cpu", quantized: str | None = None,
-                    threads: int = 0) -> Translator:
+                    threads: int = 0, compute_type: str = "default") -> Translator:
     """The translator for a folder: a saved model (or Hub id) through `generate()` ("transformers"), or an export
-    for "ctranslate2" or "onnxruntime" (`quantized="int8"`: its int8 graphs)."""
+    for "ctranslate2" (`compute_type`: "default", "fastest" or a CTranslate2 type) or "onnxruntime"
+    (`quantized="int8"`: its int8 graphs)."""
     if engine not in ENGINES:
         raise ValueError(f"engine={engine!r} is not one of {ENGINES}.")
+    if compute_type != "default" and engine != "ctranslate2":
+        raise ValueError(f"compute_type={compute_type!r} is for the ctranslate2 engine, not {engine!r}.")
     if quantized is not None and engine != "onnxruntime":
         raise ValueError(f"quantized={quantized!r} is for the onnxruntime engine (CTranslate2 exports are quantized "
                          "when written).")
     if engine == "ctranslate2":
         from .ctranslate2 import CTranslate2Translator
 
-        return CTranslate2Translator(model_dir, device=device, threads=threads)
+        return CTranslate2Translator(model_dir, device=device, threads=threads, compute_type=compute_type)
     if engine == "onnxruntime":
         from .onnx.runtime import OnnxTranslator
 

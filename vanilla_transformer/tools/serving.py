@@ -79,9 +79,11 @@ class ServedModel:
     engine: str
     languages: tuple[str, str]
     quantized: str | None = None
+    compute_type: str = "default"
 
     @classmethod
-    def from_folder(cls, folder, engine: str | None = None, languages=None, quantized: str | None = None):
+    def from_folder(cls, folder, engine: str | None = None, languages=None, quantized: str | None = None,
+                    compute_type: str = "default"):
         """What the folder says of itself (`exports.describe_folder`), with `engine` and `languages` where given; a
         folder that names no pair needs `languages`."""
         folder = Path(folder).resolve()
@@ -95,7 +97,7 @@ class ServedModel:
         if len(languages) != 2:
             raise ValueError(f"{folder} records no language pair (no model card or export record naming two "
                              "languages): give languages=(source, target), --languages on the command line")
-        return cls(str(folder), engine, languages, quantized)
+        return cls(str(folder), engine, languages, quantized, compute_type if engine == "ctranslate2" else "default")
 
 
 @dataclass(frozen=True)
@@ -324,9 +326,46 @@ def filter_unique(alternatives: list[str], best: str) -> list[str]:
 
 
 # ---------------------------------------------------------------------------------------------- the application
+class DynamicBatch:
+    """Items of concurrent requests processed together by `process` (a blocking function of a list, run in a
+    thread): whenever it is free, everything queued, up to `max_batch_size` items, goes as one batch. Nothing waits
+    for a batch to fill, so one request alone is answered at once, and under load the batches grow by themselves."""
+
+    def __init__(self, process, max_batch_size: int):
+        self.process, self.max_batch_size = process, max_batch_size
+        self.queue: asyncio.Queue | None = None
+
+    async def __call__(self, item):
+        if self.queue is None:  # the replica's event loop exists only once it serves
+            self.queue = asyncio.Queue()
+            asyncio.get_running_loop().create_task(self._run())
+        done = asyncio.get_running_loop().create_future()
+        await self.queue.put((item, done))
+        return await done
+
+    async def _run(self):
+        while True:
+            batch = [await self.queue.get()]
+            while len(batch) < self.max_batch_size and not self.queue.empty():
+                batch.append(self.queue.get_nowait())
+            batch = [(item, done) for item, done in batch if not done.cancelled()]  # their requests timed out
+            if not batch:
+                continue
+            try:
+                results = await asyncio.to_thread(self.process, [item for item, _ in batch])
+            except Exception as error:  # the engine failed: every request of the batch is told, none hangs
+                for _, done in batch:
+                    if not done.done():
+                        done.set_exception(error)
+                continue
+            for (_, done), result in zip(batch, results):
+                if not done.done():
+                    done.set_result(result)
+
+
 class BatchedTranslator:
-    """One model's translator behind Ray Serve's dynamic batch: `translate(sentences, num_hypotheses)` from any
-    number of concurrent requests decodes their sentences together, up to `max_batch_size` at a time."""
+    """One model's translator behind a `DynamicBatch`: `translate(sentences, num_hypotheses)` from any number of
+    concurrent requests decodes their sentences together, up to `max_batch_size` at a time."""
 
     def __init__(self, model: ServedModel, threads: int, max_batch_size: int, batch_wait_timeout_s: float):
         import torch
@@ -336,9 +375,13 @@ class BatchedTranslator:
 
         # Only generate() computes in torch; another engine's threads would share the cores with torch's idle pool.
         torch.set_num_threads(threads if model.engine == "transformers" else 1)
-        self.translator = load_translator(model.engine, model.folder, quantized=model.quantized, threads=threads)
-        self.decode_batch = serve.batch(max_batch_size=max_batch_size,
-                                        batch_wait_timeout_s=batch_wait_timeout_s)(self._decode_batch)
+        self.translator = load_translator(model.engine, model.folder, quantized=model.quantized, threads=threads,
+                                          compute_type=model.compute_type)
+        if batch_wait_timeout_s is None:
+            self.decode_batch = DynamicBatch(self._decode, max_batch_size)
+        else:
+            self.decode_batch = serve.batch(max_batch_size=max_batch_size,
+                                            batch_wait_timeout_s=batch_wait_timeout_s)(self._decode_batch)
 
     async def translate(self, sentences: list[str], num_hypotheses: int) -> list[list[str]]:
         return list(await asyncio.gather(*(self.decode_batch((sentence, num_hypotheses)) for sentence in sentences)))
@@ -378,7 +421,7 @@ def build_application(models, num_replicas: int = 1, max_batch_size: int = 32, b
         raise ValueError(f"two models translate the same pair: {pairs.pairs}")
     for name, value in (("num_replicas", num_replicas), ("max_batch_size", max_batch_size), ("threads", threads)):
         check_int(f"`{name}`", value)
-    if not batch_wait_timeout_s >= 0:
+    if batch_wait_timeout_s is not None and not batch_wait_timeout_s >= 0:
         raise ValueError(f"batch_wait_timeout_s must be at least 0, got {batch_wait_timeout_s!r}")
     if not request_timeout_s > 0:
         raise ValueError(f"request_timeout_s must be above 0, got {request_timeout_s!r}")
