@@ -97,6 +97,8 @@ def parser():
 def served_model(folder, args) -> ServedModel:
     """The folder as the server runs it; a CTranslate2 export in the compute type measured fastest here."""
     model = ServedModel.from_folder(folder, args.engine, args.languages, args.quantized, args.compute_type)
+    if args.compute_type != "fastest" and model.engine != "ctranslate2":
+        raise ValueError(f"--compute_type {args.compute_type} is for ctranslate2 exports; {folder} runs on {model.engine}")
     if model.compute_type != "fastest":
         return model
     speeds = compute_type_speeds(model.folder, threads=args.threads)

@@ -17,7 +17,7 @@ serve = pytest.importorskip("ray.serve")
 def test_two_nodes_each_serve_a_replica(tmp_path, monkeypatch):
     from ray.cluster_utils import Cluster
 
-    from vanilla_transformer.tools.serving import build_application
+    from vanilla_transformer.tools.serving import ServedModel, build_application
 
     folder = tmp_path / "model"
     confident_model().save_pretrained(folder)
@@ -35,8 +35,8 @@ def test_two_nodes_each_serve_a_replica(tmp_path, monkeypatch):
         cluster.wait_for_nodes()
         assert len([node for node in ray.nodes() if node["Alive"]]) == 2
         serve.start(http_options={"host": "127.0.0.1", "port": port}, proxy_location="HeadOnly")
-        serve.run(build_application(folder, languages=("en", "de"), num_replicas=2, max_replicas_per_node=1,
-                                    threads=1), name="translation", route_prefix="/")
+        serve.run(build_application(ServedModel.from_folder(folder, languages=("en", "de")), num_replicas=2,
+                                    max_replicas_per_node=1, threads=1), name="translation", route_prefix="/")
         served_by = set()
         for i in range(40):
             request = urllib.request.Request(
