@@ -140,3 +140,18 @@ def test_the_verification_passes_a_correct_export_of_either_layer_norm_placement
 def test_the_command_line_refuses_by_flag_and_leaves_an_existing_folder_as_it_was(tmp_path, case, flags, message):
     assert_exporter_cli_refuses(ROOT / "scripts" / "export_ctranslate2.py", tmp_path, confident_model(),
                                 tiny_tokenizer(), case, flags, message, earlier_export="model.bin")
+
+
+def test_the_n_best_come_best_first_and_the_compute_type_is_measured_where_it_runs(tmp_path):
+    model, tokenizer = confident_model(), tiny_tokenizer()
+    export_ctranslate2(model, tmp_path / "ct2", tokenizer=tokenizer, max_positions=32)
+    sources = ["w5 w9 w7", "w11 w12", "w13 w6 w8 w20"]
+    translator = CTranslate2Translator(tmp_path / "ct2", threads=1)
+    found = translator.hypotheses(sources, 3, num_beams=4, max_new_tokens=8)
+    assert [hypotheses[0] for hypotheses in found] == translator.translate(sources, num_beams=4, max_new_tokens=8)
+    assert all(len(hypotheses) == 3 for hypotheses in found) and any(len(set(h)) > 1 for h in found)
+    from vanilla_transformer.tools.ctranslate2 import compute_type_speeds
+
+    speeds = compute_type_speeds(tmp_path / "ct2", threads=1, sentences=4, length=4)
+    assert {"float32", "int8"} <= set(speeds) and all(speed > 0 for speed in speeds.values())
+    assert CTranslate2Translator(tmp_path / "ct2", threads=1, compute_type="fastest").compute_type in speeds

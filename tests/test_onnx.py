@@ -298,3 +298,15 @@ def test_transformers_js_translates_like_our_greedy_search_in_a_browser(export, 
     ours = translate(model, tiny_tokenizer(), SOURCES[:8], batch_size=8, max_new_tokens=12, num_beams=1)
     assert posted["translations"] == ours
 
+
+
+def test_the_n_best_of_the_onnx_search_are_generates(export):
+    """`alternatives` of the server: the beam's best hypotheses, best first, as generate() returns them."""
+    from vanilla_transformer.tools.translation import GenerateTranslator
+
+    model, folder = export
+    ours = GenerateTranslator(model, tiny_tokenizer()).hypotheses(SOURCES, 3, batch_size=8, num_beams=4,
+                                                                   max_new_tokens=12)
+    exported = OnnxTranslator(folder, threads=1).hypotheses(SOURCES, 3, batch_size=8, num_beams=4, max_new_tokens=12)
+    assert exported == ours
+    assert all(len(hypotheses) == 3 for hypotheses in ours) and any(len(set(h)) > 1 for h in ours)
