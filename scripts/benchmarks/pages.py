@@ -150,7 +150,7 @@ def serving(results: Path = RESULTS) -> str:
             wrong = sum(level["sentences_wrong"] for level in server["levels"])
             rows.append([name, f"{busy['sentences_per_s']:.1f} ({low:.0f}–{high:.0f})",
                          f"{busy['sentences_per_s'] / alone['batched_sentences_per_s']:.0%}",
-                         f"{one['p50_ms']:.1f} ms (+{one['p50_ms'] - alone['single_p50_ms']:.1f})",
+                         f"{one['p50_ms']:.1f} ms ({one['p50_ms'] - alone['single_p50_ms']:+.1f})",
                          f"{1 - wrong / checked:.1%}",
                          f"[{cpu_name(report['environment'])}](scripts/benchmarks/results/serving_{_slug(report)}.md)"])
     return table(["server", "32 clients, sentences/s (spread of 3 runs)", "of the engine alone",
