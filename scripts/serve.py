@@ -63,9 +63,11 @@ def parser():
     parser.add_argument("--num_replicas", type=positive(int), default=2, help="Translators per model, each a Ray actor.")
     parser.add_argument("--threads", type=positive(int), default=1, help="CPU threads (and Ray CPUs) per replica.")
     parser.add_argument("--max_batch_size", type=positive(int), default=32,
-                        help="Sentences one replica decodes together (1: no batching).")
+                        help="Sentences one replica decodes together: what is queued whenever its engine is free "
+                             "(1: no batching).")
     parser.add_argument("--batch_wait_timeout_s", type=float, default=None,
-                        help="How long a batch waits for more sentences after its first.")
+                        help="Batch with Ray Serve's serve.batch instead, gathering for this long after a batch's "
+                             "first sentence (measured slower: scripts/benchmarks/serving.py).")
     parser.add_argument("--max_body_bytes", type=positive(int), default=Limits.max_body_bytes)
     parser.add_argument("--char_limit", type=positive(int), default=None, help="Characters per text (default: none).")
     parser.add_argument("--batch_limit", type=positive(int), default=None, help="Texts in q as a list (default: none).")
@@ -139,8 +141,7 @@ def main(argv=None):
         if args.quantized and any(model.engine != "onnxruntime" for model in models):
             raise ValueError(f"--quantized {args.quantized} is for onnxruntime exports (CTranslate2 exports are "
                              "quantized when written)")
-        limits = Limits(args.max_body_bytes, args.char_limit, args.batch_limit, args.max_sentences, args.max_tokens,
-                        args.max_alternatives, args.req_limit, args.max_queued_requests)
+        limits = Limits(**{field.name: getattr(args, field.name) for field in dataclasses.fields(Limits)})
         application = build_application(
             models, num_replicas=args.num_replicas, max_batch_size=args.max_batch_size,
             batch_wait_timeout_s=args.batch_wait_timeout_s, limits=limits, api_keys=api_keys, threads=args.threads,

@@ -250,17 +250,17 @@ def model_folder(tmp_path_factory):
 @pytest.fixture(scope="module")
 def server(model_folder):
     """Two replicas on a local Ray, batching up to 8 sentences; beside it, at /limited, one replica that takes 3
-    requests a minute a key and holds one request at a time."""
+    requests a minute a key and holds one request at a time, with Ray Serve's own `serve.batch`."""
     from vanilla_transformer.tools.serving import ServedModel, build_application
 
     port = free_port()
     ray.init(num_cpus=3, include_dashboard=False, log_to_driver=False)  # a CPU of Ray's for each replica
     serve.start(http_options={"host": "127.0.0.1", "port": port, "request_timeout_s": 30})
     model = ServedModel.from_folder(model_folder[0])
-    serve.run(build_application(model, num_replicas=2, max_batch_size=8, batch_wait_timeout_s=0.01, limits=LIMITS,
-                                threads=1), name="translation", route_prefix="/")
-    serve.run(build_application(model, num_replicas=1, limits=Limits(req_limit=3, max_queued_requests=1)),
-              name="limited", route_prefix="/limited")
+    serve.run(build_application(model, num_replicas=2, max_batch_size=8, limits=LIMITS, threads=1),
+              name="translation", route_prefix="/")
+    serve.run(build_application(model, num_replicas=1, batch_wait_timeout_s=0.01,
+                                limits=Limits(req_limit=3, max_queued_requests=1)), name="limited", route_prefix="/limited")
     yield f"http://127.0.0.1:{port}"
     serve.shutdown()
     ray.shutdown()

@@ -136,12 +136,12 @@ def serving_reports(results: Path = RESULTS) -> list[dict]:
     return [json.loads(path.read_text(encoding="utf-8")) for path in sorted(results.glob("serving_*.json"))]
 
 
-def serving(results: Path = RESULTS) -> str:
-    """Each server at 32 clients (the median of its runs, and their spread) against its engine alone, its p50 at one
-    client against one translate call, and the share of its answers equal to the engine's own."""
+def _serving_rows(results: Path, wanted=None) -> list[list[str]]:
     rows = []
     for report in serving_reports(results):
         for name, server in report["servers"].items():
+            if wanted is not None and name not in wanted:
+                continue
             alone = report["engines"][server["engine"]]
             level = {level["clients"]: level for level in server["levels"]}
             busy, one = level[32], level[1]
@@ -153,8 +153,24 @@ def serving(results: Path = RESULTS) -> str:
                          f"{one['p50_ms']:.1f} ms ({one['p50_ms'] - alone['single_p50_ms']:+.1f})",
                          f"{1 - wrong / checked:.1%}",
                          f"[{cpu_name(report['environment'])}](scripts/benchmarks/results/serving_{_slug(report)}.md)"])
-    return table(["server", "32 clients, sentences/s (spread of 3 runs)", "of the engine alone",
-                  "p50 at 1 client (ms over one call)", "answers equal to the engine's", "CPU (its report)"], rows)
+    return rows
+
+
+SERVING_HEADER = ["server", "32 clients, sentences/s (spread of 3 runs)", "of the engine alone",
+                  "p50 at 1 client (ms over one call)", "answers equal to the engine's", "CPU (its report)"]
+
+
+def serving(results: Path = RESULTS) -> str:
+    """Each server at 32 clients (the median of its runs, and their spread) against its engine alone, its p50 at one
+    client against one translate call, and the share of its answers equal to the engine's own."""
+    return table(SERVING_HEADER, _serving_rows(results))
+
+
+def serving_glance(results: Path = RESULTS) -> str:
+    """The README's rows of `serving`: the server as it ships, Ray Serve's Python proxy, and what a user writes first."""
+    return table(SERVING_HEADER, _serving_rows(results, ("ctranslate2 int8: HAProxy ingress",
+                                                         "ctranslate2 int8: Python proxy",
+                                                         "generate(): pipeline() in a FastAPI handler")))
 
 
 # ---------------------------------------------------------------------------------------------- the performance report
@@ -268,6 +284,7 @@ def kernels_table(results: Path = RESULTS) -> str:
 
 BLOCKS: dict[str, Callable[[Path], str]] = {
     "glance": glance, "demo_output": demo_output, "engines": engines, "serving": serving,
+    "serving_glance": serving_glance,
     "peer_benchmark": peer_benchmark, "engines_report": engines_report, "data_stage": data_stage_table,
     "data_stage_change": data_stage_change,
     "parity": parity_table, "kernels": kernels_table,

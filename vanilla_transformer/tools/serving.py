@@ -334,11 +334,12 @@ class DynamicBatch:
     def __init__(self, process, max_batch_size: int):
         self.process, self.max_batch_size = process, max_batch_size
         self.queue: asyncio.Queue | None = None
+        self.worker: asyncio.Task | None = None
 
     async def __call__(self, item):
         if self.queue is None:  # the replica's event loop exists only once it serves
             self.queue = asyncio.Queue()
-            asyncio.get_running_loop().create_task(self._run())
+            self.worker = asyncio.get_running_loop().create_task(self._run())  # held: the loop keeps weak references
         done = asyncio.get_running_loop().create_future()
         await self.queue.put((item, done))
         return await done
@@ -365,9 +366,12 @@ class DynamicBatch:
 
 class BatchedTranslator:
     """One model's translator behind a `DynamicBatch`: `translate(sentences, num_hypotheses)` from any number of
-    concurrent requests decodes their sentences together, up to `max_batch_size` at a time."""
+    concurrent requests decodes their sentences together, up to `max_batch_size` at a time. With a
+    `batch_wait_timeout_s`, Ray Serve's own `serve.batch` gathers them instead: it forms a batch when its window
+    closes, even while the engine is busy, so its batches stay small under load (measured slower at every load in
+    scripts/benchmarks/serving.py, and kept for that comparison)."""
 
-    def __init__(self, model: ServedModel, threads: int, max_batch_size: int, batch_wait_timeout_s: float):
+    def __init__(self, model: ServedModel, threads: int, max_batch_size: int, batch_wait_timeout_s: float | None):
         import torch
         from ray import serve
 
@@ -400,12 +404,14 @@ class BatchedTranslator:
         return results
 
 
-def build_application(models, num_replicas: int = 1, max_batch_size: int = 32, batch_wait_timeout_s: float = 0.005,
-                      limits: Limits = Limits(), api_keys: frozenset[str] | None = None, threads: int = 1,
-                      max_replicas_per_node: int | None = None, cors_origins=("*",), request_timeout_s: float = 60.0):
+def build_application(models, num_replicas: int = 1, max_batch_size: int = 32,
+                      batch_wait_timeout_s: float | None = None, limits: Limits = Limits(),
+                      api_keys: frozenset[str] | None = None, threads: int = 1, max_replicas_per_node: int | None = None,
+                      cors_origins=("*",), request_timeout_s: float = 60.0):
     """The Ray Serve application for `models` (`ServedModel`s, or one): `serve.run(build_application(...))` serves
-    it. Each model gets `num_replicas` translators, each batching up to `max_batch_size` sentences that arrive within
-    `batch_wait_timeout_s` of the first; a request not answered within `request_timeout_s` gets 503."""
+    it. Each model gets `num_replicas` translators, each decoding up to `max_batch_size` sentences at once: those
+    queued whenever its engine is free, or with `batch_wait_timeout_s` those Ray Serve's `serve.batch` gathers within
+    that window (`BatchedTranslator`). A request not answered within `request_timeout_s` gets 503."""
     from fastapi import FastAPI, Request
     from fastapi.exceptions import RequestValidationError
     from fastapi.middleware.cors import CORSMiddleware
