@@ -101,6 +101,12 @@ def served_model(folder, args) -> ServedModel:
     model = ServedModel.from_folder(folder, args.engine, args.languages, args.quantized, args.compute_type)
     if args.compute_type != "fastest" and model.engine != "ctranslate2":
         raise ValueError(f"--compute_type {args.compute_type} is for ctranslate2 exports; {folder} runs on {model.engine}")
+    if model.engine == "ctranslate2" and model.compute_type not in ("fastest", "default"):
+        import ctranslate2
+
+        supported = sorted(ctranslate2.get_supported_compute_types("cpu"))
+        if model.compute_type not in supported:
+            raise ValueError(f"--compute_type {model.compute_type}: this machine computes in {', '.join(supported)}")
     if model.compute_type != "fastest":
         return model
     speeds = compute_type_speeds(model.folder, threads=args.threads)

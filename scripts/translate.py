@@ -73,7 +73,7 @@ def main(argv=None):
 
     source = sys.stdin if args.input == "-" else open(args.input, encoding="utf-8")
     with source:
-        lines = [line.rstrip("\n") for line in source]
+        lines = [line.rstrip("\r\n") for line in source]
     # Each line is one text: its sentences with --split_sentences, else the line itself; a blank line stays blank.
     language = args.source_language or (described["languages"] or ["en"])[0]
     splits = [split_text(line, language) if args.split_sentences else None for line in lines]

@@ -164,6 +164,9 @@ def test_a_pair_is_chosen_by_source_and_target_or_detected():
     assert pair == ("de", "en") and detected["language"] == "de" and detected["confidence"] > 50
     pair, detected = pairs.choose(parse({"q": "The house of my father is big", "source": "auto", "target": "de"}))
     assert pair == ("en", "de") and detected["language"] == "en"
+    german = parse({"q": "Das ist das Haus von meinem Vater", "source": "auto", "target": "de"})
+    with pytest.raises(RequestError, match="source='auto' \\(detected 'de'\\) to target='de' is not served"):
+        Pairs([("en", "de")]).choose(german)
     for body, message in (({"q": "w4", "source": "en"}, "target is missing: this server translates en→de, de→en"),
                           ({"q": "w4", "target": "de"}, "source is missing"),
                           ({"q": "w4", "source": "en", "target": "fr"}, "target='fr' is not served"),
@@ -259,7 +262,8 @@ def server(model_folder):
     model = ServedModel.from_folder(model_folder[0])
     serve.run(build_application(model, num_replicas=2, max_batch_size=8, limits=LIMITS, threads=1),
               name="translation", route_prefix="/")
-    serve.run(build_application(model, num_replicas=1, batch_wait_timeout_s=0.01,
+    keys = frozenset({"k", "other", *(f"flood{i}" for i in range(32))})
+    serve.run(build_application(model, num_replicas=1, batch_wait_timeout_s=0.01, api_keys=keys,
                                 limits=Limits(req_limit=3, max_queued_requests=1)), name="limited", route_prefix="/limited")
     yield f"http://127.0.0.1:{port}"
     serve.shutdown()
@@ -293,14 +297,19 @@ def test_a_paragraph_is_translated_sentence_by_sentence_and_keeps_its_lines(serv
 def test_alternatives_are_the_beams_next_best_and_auto_says_what_it_detected(server, model_folder):
     translator = model_folder[1]
     best, *others = translator.hypotheses([SOURCES[3]], 3)[0]
-    status, answer, _ = post(f"{server}/translate", {"q": SOURCES[3], "source": "auto", "target": "de",
+    status, answer, _ = post(f"{server}/translate", {"q": SOURCES[3], "source": "en", "target": "de",
                                                      "alternatives": 2})
     assert status == 200 and answer["translatedText"] == best
-    assert answer["alternatives"] == filter_unique(others, best)
-    assert set(answer["detectedLanguage"]) == {"confidence", "language"} and answer["detectedLanguage"]["language"] == "en"
-    status, answer, _ = post(f"{server}/translate", {"q": SOURCES[:2], "source": "auto", "target": "de",
+    assert answer["alternatives"] == filter_unique(others, best) and "detectedLanguage" not in answer
+    english = ["The man rides his bike to the market", "Two dogs are playing in the snow"]
+    status, answer, _ = post(f"{server}/translate", {"q": english, "source": "auto", "target": "de",
                                                      "alternatives": 1})
     assert status == 200 and len(answer["alternatives"]) == 2 and len(answer["detectedLanguage"]) == 2
+    assert answer["detectedLanguage"][0]["language"] == "en" and answer["detectedLanguage"][0]["confidence"] > 50
+    assert answer["translatedText"] == translator.translate(english)
+    status, answer, _ = post(f"{server}/translate", {"q": "Zwei Hunde spielen im Schnee", "source": "auto",
+                                                     "target": "de"})
+    assert status == 400 and "source='auto' (detected 'de') to target='de' is not served" in answer["error"]
     assert "alternatives" not in post(f"{server}/translate", {"q": SOURCES[3], "source": "en", "target": "de"})[1]
 
 
@@ -387,7 +396,9 @@ def test_a_key_past_its_limit_gets_429_and_a_full_replica_a_fast_503(server):
     assert health_seconds < 2, f"/health took {health_seconds:.1f} s under load"
     busy = [(answer, seconds) for status, answer, seconds in flood if status == 503]
     assert {status for status, _, _ in flood} <= {200, 503} and busy, flood
-    assert all("max_queued_requests=1" in answer["error"] for answer, _ in busy)
+    assert all("max_queued_requests=1" in answer["error"] and seconds < 2 for answer, seconds in busy), busy
+    assert post(f"{limited}/translate", {"q": "w4", "source": "en", "target": "de", "api_key": "guess"})[:2] == (
+        403, {"error": "api_key is not a listed key: this server takes only the keys in its --api_keys_file"})
 
 
 def chromium():

@@ -139,14 +139,16 @@ def test_an_onnx_export_and_a_saved_model_serve_side_by_side_each_for_its_pair(t
         server.stop()
 
 
-def test_a_folder_without_a_pair_or_with_a_wrong_engine_is_refused_by_flag(tmp_path):
+def test_a_folder_without_a_pair_or_with_a_wrong_engine_or_type_is_refused_by_flag(tmp_path):
     folder = save(tmp_path / "model", 0, ("en", "de"))
     (folder / "README.md").unlink()
     for flags, message in ((["--model", folder], "records no language pair"),
                            (["--model", folder, "--model", folder, "--languages", "en", "de"],
                             "--languages en de is for one --model"),
                            (["--model", folder, "--languages", "en", "de", "--compute_type", "int8"],
-                            "--compute_type int8 is for ctranslate2")):
+                            "--compute_type int8 is for ctranslate2"),
+                           (["--model", folder, "--languages", "en", "de", "--engine", "ctranslate2"],
+                            "is a saved model, not a folder for engine='ctranslate2'")):
         run = subprocess.run([sys.executable, str(ROOT / "scripts" / "serve.py"), *map(str, flags)], env=ENV,
                              capture_output=True, text=True, timeout=120)
         assert run.returncode == 2 and message in run.stderr, run.stderr

@@ -148,7 +148,7 @@ def _serving_rows(results: Path, wanted=None) -> list[list[str]]:
             low, high = busy["spread"]
             checked = sum(level["sentences"] - level["failures"] for level in server["levels"])
             wrong = sum(level["sentences_wrong"] for level in server["levels"])
-            rows.append([name, f"{busy['sentences_per_s']:.1f} ({low:.0f}–{high:.0f})",
+            rows.append([name, f"{busy['sentences_per_s']:.1f} ({low:.3g}–{high:.3g})",
                          f"{busy['sentences_per_s'] / alone['batched_sentences_per_s']:.0%}",
                          f"{one['p50_ms']:.1f} ms ({one['p50_ms'] - alone['single_p50_ms']:+.1f})",
                          f"{1 - wrong / checked:.1%}",

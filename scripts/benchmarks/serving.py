@@ -110,7 +110,7 @@ async def load(url: str, sentences: list[str], expected: list[str] | None, clien
         seconds = time.perf_counter() - started
     ordered = sorted(latencies)
     return {"requests": len(latencies), "failures": failures, "sentences_wrong": wrong, "seconds": seconds,
-            "sentences_per_s": len(latencies) * q_size / seconds, "p50_ms": 1000 * ordered[len(ordered) // 2],
+            "sentences_per_s": (len(latencies) - failures) * q_size / seconds,  # translated, not refused "p50_ms": 1000 * ordered[len(ordered) // 2],
             "p99_ms": 1000 * ordered[min(len(ordered) - 1, int(0.99 * len(ordered)))]}
 
 
@@ -313,7 +313,7 @@ def render(results: dict, command: str) -> str:
         for level in server["levels"] + ([server["lists_of_8"]] if "lists_of_8" in server else []):
             low, high = level["spread"]
             rows.append([name, f"{level['clients']}" + (f" × lists of {level['q_size']}" if level["q_size"] > 1 else ""),
-                         f"{level['sentences_per_s']:.1f} ({low:.0f}–{high:.0f})",
+                         f"{level['sentences_per_s']:.1f} ({low:.3g}–{high:.3g})",
                          f"{level['sentences_per_s'] / alone:.0%}", f"{level['p50_ms']:,.1f}",
                          f"{level['p99_ms']:,.1f}", level["failures"], _share_equal(level)])
     engines = [[name, e["compute_type"], f"{e['batched_sentences_per_s']:.1f}", f"{e['single_p50_ms']:,.1f}"]

@@ -183,7 +183,7 @@ def _write_export_files(model, tokenizer, output_dir: Path, name: str, quantizat
 
 Weights: {quantization or "float32"}. Translate with `vanilla_transformer.tools.ctranslate2.CTranslate2Translator` or
 `scripts/translate.py --engine ctranslate2 --model {name}` (the tokenizer is in this folder); serve it with
-`scripts/serve.py --model {name}`{f" ({' to '.join(languages)}, as recorded)" if languages else " --languages SOURCE TARGET"}.
+`scripts/serve.py --model {name}{f"` ({' to '.join(languages)}, as recorded)" if languages else " --languages SOURCE TARGET`"}.
 
 - Inputs and outputs are limited to {max_positions} positions (the sinusoid table written into the model).
 - Beam size {decoding['num_beams']}, length penalty {decoding['length_penalty']} as log P / |Y|^alpha
@@ -211,7 +211,7 @@ def compute_type_speeds(model_dir, device: str = "cpu", threads: int = 0, senten
     beams = record["decoding"]["num_beams"]
     speeds = {}
     for compute_type in sorted(ct2.get_supported_compute_types(device)):
-        if "float16" in compute_type and not compute_type.startswith("b"):  # float16: GPUs only
+        if compute_type in ("float16", "int8_float16"):  # GPUs only
             continue
         translator = ct2.Translator(str(model_dir), device=device, compute_type=compute_type, intra_threads=threads)
         decode = lambda: translator.translate_batch(batch, beam_size=beams, min_decoding_length=length,  # noqa: E731

@@ -292,11 +292,14 @@ def check_model_card_metadata(card: ModelCard | str | os.PathLike) -> ModelCardD
 
 def card_languages(folder: str | os.PathLike) -> tuple[str, str] | None:
     """The (source, target) pair a folder's model card declares (`language: [en, de]`), or None where the folder
-    has no card or its card names no two languages."""
+    has no card, or a README that is not a translation model's card, or one that names no two languages."""
     card = Path(folder, "README.md")
     if not card.is_file():
         return None
-    languages = check_model_card_metadata(card).language
+    try:
+        languages = check_model_card_metadata(card).language
+    except ValueError:  # a README that is not a translation model's card names no pair
+        return None
     return tuple(languages) if isinstance(languages, list) and len(languages) == 2 else None
 
 

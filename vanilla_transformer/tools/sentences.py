@@ -37,7 +37,8 @@ class SplitText:
     lines: list[tuple[str, int, str]]
 
     def join(self, translations: list[str], separator: str = " ") -> str:
-        """The text with each sentence replaced by its translation, in order, in the text's own lines."""
+        """The text with each sentence replaced by its translation, in order, in the text's own lines; the sentences
+        of a line are joined by `separator` (one space: the text's own spacing between them is not kept)."""
         if len(translations) != len(self.sentences):
             raise ValueError(f"{len(translations)} translations for {len(self.sentences)} sentences")
         parts, start = [], 0
@@ -59,12 +60,10 @@ def split_sentences(line: str, language: str = "en") -> list[str]:
 
 
 def split_text(text: str, language: str = "en") -> SplitText:
-    """`text` as sentences and layout. Line breaks of any kind ("\\r\\n", "\\r", "\\n") become "\\n"."""
+    """`text` as sentences and layout. Its line breaks ("\\r\\n", "\\r", "\\n") become "\\n"; nothing else breaks a
+    line."""
     sentences, lines = [], []
-    lines_of_text = text.splitlines()
-    if not lines_of_text or text.endswith(("\n", "\r")):  # a final line break is kept too
-        lines_of_text.append("")
-    for line in lines_of_text:
+    for line in text.replace("\r\n", "\n").replace("\r", "\n").split("\n"):
         found = split_sentences(line, language)
         stripped = line.strip()
         leading = line[:len(line) - len(line.lstrip())] if stripped else line

@@ -1,22 +1,24 @@
 """Translations served over HTTP on Ray Serve, an existing engine that runs the same application on a laptop and on a
 cluster. Each model is one translator of the one translation loop (`tools.engines`: `generate()`, CTranslate2 or
-onnxruntime), and Ray Serve's own dynamic batching (`serve.batch`) gathers the sentences of concurrent requests into
-the loop's batches. One model is served by the application's own replicas; several (en→de and de→en, say) each get
-a deployment, its replicas and its batch, behind one API.
+onnxruntime), and each replica decodes the sentences of concurrent requests together: whatever is queued whenever its
+engine is free (`DynamicBatch`), or with a window, Ray Serve's own `serve.batch`. One model is served by the
+application's own replicas; several (en→de and de→en, say) each get a deployment, its replicas and its batch, behind
+one API.
 
 The API is LibreTranslate's, so its clients work unchanged:
 
 - `POST /translate`: `q` (a text or a list of texts), `source` (a code or "auto"), `target`, `format` ("text"),
   `alternatives` (how many other translations), `api_key`; as JSON, a urlencoded form or a multipart form. Answers
   `{"translatedText": ...}`, with `alternatives` and, for "auto", `detectedLanguage`. A text is split into sentences
-  (`tools.sentences`), every sentence goes through the dynamic batch, and the translations are put back in the text's
-  own lines and paragraphs: nothing is dropped.
+  (`tools.sentences`), every sentence goes through the replica's batch, and the translations are put back in the
+  text's own lines and paragraphs: nothing is dropped.
 - `POST /detect`, `GET /languages`, `GET /frontend/settings`, `GET /health`; `GET /` is a page to type into.
 - CORS for the origins given (every origin by default, as LibreTranslate); per-key (or per-address) request limits
   answering 429; a bound on the requests a replica holds, answering a fast 503 past it.
 
-Every error is JSON, `{"error": ...}`, naming the field, what was given and the limit, and is answered before anything
-reaches a model. Ray and FastAPI are the `serve` extra (`pip install ".[serve]"`).
+Not served: files (`/translate_file`), suggestions (`/suggest`) and `format: "html"`. Every error is JSON,
+`{"error": ...}`, naming the field, what was given and the limit; a request is checked whole before any of it is
+translated. Ray and FastAPI are the `serve` extra (`pip install ".[serve]"`).
 """
 
 import asyncio
@@ -91,8 +93,9 @@ class ServedModel:
             raise ValueError(f"model folder {folder}: no such folder")
         described = describe_folder(folder)
         engine = engine or described["engine"]
-        if described["engine"] != "transformers" and engine != described["engine"]:
-            raise ValueError(f"{folder} is a {described['engine']} export, not a folder for engine={engine!r}")
+        if engine != described["engine"]:
+            kind = "a saved model" if described["engine"] == "transformers" else f"a {described['engine']} export"
+            raise ValueError(f"{folder} is {kind}, not a folder for engine={engine!r}")
         languages = tuple(languages or described["languages"] or ())
         if len(languages) != 2:
             raise ValueError(f"{folder} records no language pair (no model card or export record naming two "
@@ -160,8 +163,7 @@ async def parse_fields(body: bytes, headers, limits: Limits) -> Fields:
             if not isinstance(fields, dict):
                 raise RequestError(400, f"the request body must be a JSON object with a field q, got "
                                         f"{_describe(fields)}")
-    if not isinstance(fields.get("q"), list) and isinstance(fields.get("q"), str) and not content_type.startswith(
-            "application/json"):
+    if isinstance(fields.get("q"), str) and not content_type.startswith("application/json"):
         fields["q"] = "\n".join(fields["q"].splitlines())  # a form's CRLF line ends, as LibreTranslate reads them
     return _check_fields(fields, limits)
 
@@ -262,26 +264,33 @@ class Pairs:
     def __init__(self, pairs):
         self.pairs = list(pairs)
 
-    def sources_into(self, target: str) -> list[str]:
-        return [source for source, to in self.pairs if to == target]
+    @property
+    def languages(self) -> list[str]:
+        """Every language served, the sources first: those "auto" and `/detect` tell apart, the first source being
+        the answer where none is found (as LibreTranslate answers "en")."""
+        sources = list(dict.fromkeys(source for source, _ in self.pairs))
+        return sources + [target for target in dict.fromkeys(t for _, t in self.pairs) if target not in sources]
 
     def choose(self, fields: Fields) -> tuple[tuple[str, str], dict | None]:
-        """((source, target), the detection for source "auto", else None); 400 naming what is not served."""
+        """((source, target), the detection for source "auto", else None); 400 naming what is not served. "auto"
+        detects one language for all of a request's texts, among every served language, as LibreTranslate detects
+        among its installed ones."""
         served = ", ".join(f"{s}→{t}" for s, t in self.pairs)
         if fields.target is None:
             raise RequestError(400, f"target is missing: this server translates {served}")
         if fields.source is None:
             raise RequestError(400, f"source is missing: give a language code or 'auto' (served: {served})")
-        sources = self.sources_into(fields.target)
-        if not sources:
+        if not any(to == fields.target for _, to in self.pairs):
             raise RequestError(400, f"target={fields.target!r} is not served: this server translates {served}")
-        if fields.source == "auto":
-            detected = detect_language(" ".join(fields.texts), sources)[0]
-            return (detected["language"], fields.target), detected
-        if fields.source not in sources:
-            raise RequestError(400, f"source={fields.source!r} to target={fields.target!r} is not served: this "
-                                    f"server translates {served}")
-        return (fields.source, fields.target), None
+        detected, source = None, fields.source
+        if source == "auto":
+            detected = detect_language(" ".join(fields.texts), self.languages)[0]
+            source = detected["language"]
+        if (source, fields.target) not in self.pairs:
+            given = f"source='auto' (detected {source!r})" if detected else f"source={source!r}"
+            raise RequestError(400, f"{given} to target={fields.target!r} is not served: this server translates "
+                                    f"{served}")
+        return (source, fields.target), detected
 
 
 # ---------------------------------------------------------------------------------------------- limits
@@ -296,6 +305,8 @@ class RateLimiter:
         if self.per_minute is None:
             return
         now = time.monotonic() if now is None else now
+        for other in [other for other, times in self.seen.items() if times and times[-1] <= now - 60]:
+            del self.seen[other]  # keys idle for a minute, so that the table does not grow with every client
         seen = self.seen[key]
         while seen and seen[0] <= now - 60:
             seen.popleft()
@@ -354,6 +365,8 @@ class DynamicBatch:
                 continue
             try:
                 results = await asyncio.to_thread(self.process, [item for item, _ in batch])
+                if len(results) != len(batch):
+                    raise RuntimeError(f"the engine answered {len(results)} of a batch of {len(batch)}")
             except Exception as error:  # the engine failed: every request of the batch is told, none hangs
                 for _, done in batch:
                     if not done.done():
@@ -413,7 +426,6 @@ def build_application(models, num_replicas: int = 1, max_batch_size: int = 32,
     queued whenever its engine is free, or with `batch_wait_timeout_s` those Ray Serve's `serve.batch` gathers within
     that window (`BatchedTranslator`). A request not answered within `request_timeout_s` gets 503."""
     from fastapi import FastAPI, Request
-    from fastapi.exceptions import RequestValidationError
     from fastapi.middleware.cors import CORSMiddleware
     from fastapi.responses import HTMLResponse, JSONResponse
     from ray import serve
@@ -443,10 +455,6 @@ def build_application(models, num_replicas: int = 1, max_batch_size: int = 32,
     @app.exception_handler(HTTPException)
     async def http_error(request, exc):  # 404, 405: JSON as every other answer
         return error(exc.status_code, f"{request.method} {request.url.path}: {exc.detail}")
-
-    @app.exception_handler(RequestValidationError)
-    async def validation_error(request, exc):
-        return error(400, str(exc))
 
     @app.exception_handler(Exception)
     async def server_error(request, exc):
@@ -509,9 +517,9 @@ def build_application(models, num_replicas: int = 1, max_batch_size: int = 32,
                 given = "missing" if fields.api_key is None else "not a listed key"
                 raise RequestError(403, f"api_key is {given}: this server takes only the keys in its "
                                         "--api_keys_file")
-            if fields is not None:
+            if fields is not None:  # a key counts only where keys are checked: an unchecked one would be a new budget
                 client = request.client.host if request.client else "unknown"
-                self.rate_limiter.check(fields.api_key or client)
+                self.rate_limiter.check(fields.api_key if api_keys is not None else client)
             if self.held >= limits.max_queued_requests:
                 raise RequestError(503, f"the server is busy: it holds max_queued_requests="
                                         f"{limits.max_queued_requests} requests; retry shortly", {"Retry-After": "1"})
@@ -530,15 +538,22 @@ def build_application(models, num_replicas: int = 1, max_batch_size: int = 32,
                 fields = await self.fields_of(request)
                 pair, detected = pairs.choose(fields)
                 call, tokenizer, max_tokens, engine = self.routes[pair]
-                splits = [split_text(text, pair[0]) for text in fields.texts]
-                sentences = [s for split in splits for s in split.sentences]
-                owners = [f"q[{i}]" if fields.as_list else "q" for i, split in enumerate(splits)
-                          for _ in split.sentences]
-                if len(sentences) > limits.max_sentences:
-                    raise RequestError(400, f"q has {len(sentences)} sentences, more than max_sentences="
-                                            f"{limits.max_sentences}")
-                counts = [len(ids) for ids in tokenizer(sentences)["input_ids"]] if sentences else []
-                check_token_counts(sentences, owners, counts, max_tokens)
+
+                def prepare():
+                    splits = [split_text(text, pair[0]) for text in fields.texts]
+                    sentences = [s for split in splits for s in split.sentences]
+                    owners = [f"q[{i}]" if fields.as_list else "q" for i, split in enumerate(splits)
+                              for _ in split.sentences]
+                    if len(sentences) > limits.max_sentences:
+                        raise RequestError(400, f"q has {len(sentences)} sentences, more than max_sentences="
+                                                f"{limits.max_sentences}")
+                    counts = [len(ids) for ids in tokenizer(sentences)["input_ids"]] if sentences else []
+                    check_token_counts(sentences, owners, counts, max_tokens)
+                    return splits, sentences
+
+                # A long text takes the segmenter a while: in a thread, so that the replica's loop goes on serving.
+                long = sum(len(text) for text in fields.texts) > 2000
+                splits, sentences = await asyncio.to_thread(prepare) if long else prepare()
                 self.held += 1
                 try:
                     found = await asyncio.wait_for(call(sentences, fields.alternatives + 1), request_timeout_s)
@@ -573,8 +588,7 @@ def build_application(models, num_replicas: int = 1, max_batch_size: int = 32,
                 fields = await self.fields_of(request)
             except RequestError as refused:
                 return error(refused.status, refused.message, refused.headers)
-            sources = sorted({source for source, _ in pairs.pairs})
-            return detect_language(" ".join(fields.texts), sources)
+            return detect_language(" ".join(fields.texts), pairs.languages)
 
         @app.get("/languages")
         async def list_languages(self):

@@ -261,8 +261,8 @@ model's own{marian_note}.
   `scripts/translate.py --engine onnxruntime --model {name}`: beam {decoding['num_beams']}, length penalty
   {decoding['length_penalty']} as log P / {penalty}, at most {f'source length + {offset}' if offset is not None else
   decoding['max_new_tokens'] or decoding['max_length'] - 1} new tokens, as the model's generate().
-- Serving: `scripts/serve.py --model {name}`{f" ({' to '.join(languages)}, as recorded)" if languages else
-  " --languages SOURCE TARGET"}.
+- Serving: `scripts/serve.py --model {name}{f"` ({' to '.join(languages)}, as recorded)" if languages else
+  " --languages SOURCE TARGET`"}.
 - transformers.js: `pipeline('translation', folder)`, greedy (transformers.js 4.3 has no beam search; its
   `dtype: 'q8'`, the default in browsers, runs the `_quantized` graphs); generation_config.json gives it a fixed
   budget of {engine_budget} new tokens{'' if offset is None else ' (it has no source-relative one)'}.

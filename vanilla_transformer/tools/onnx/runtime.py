@@ -217,6 +217,8 @@ class OnnxTranslator(Translator):
 
     def generate(self, input_ids, attention_mask, num_beams, max_new_tokens, num_hypotheses=1):
         if num_beams == 1:
+            if num_hypotheses > 1:
+                raise ValueError(f"num_hypotheses={num_hypotheses} needs a beam of at least as many, not num_beams=1")
             return greedy_search(self.engine, input_ids, attention_mask, self.decoding, max_new_tokens)
         return beam_search(self.engine, input_ids, attention_mask, self.decoding, max_new_tokens, num_beams,
                            num_hypotheses)
