@@ -254,4 +254,5 @@ class CTranslate2Translator(Translator):
                 for hypothesis in result.hypotheses]
 
 
-__all__ = ["export_ctranslate2", "verify_ctranslate2", "CTranslate2Translator", "compute_type_speeds", "transformer_spec"]
+__all__ = ["export_ctranslate2", "verify_ctranslate2", "CTranslate2Translator", "compute_type_speeds",
+           "transformer_spec"]

@@ -129,5 +129,5 @@ class ExportCommand(argparse.ArgumentParser):
         print(f"wrote {folder}")
 
 
-__all__ = ["EXPORT_RECORD", "require", "decoding_record", "export_languages", "write_export_record", "read_export_record",
-           "describe_folder", "ExportCommand"]
+__all__ = ["EXPORT_RECORD", "require", "decoding_record", "export_languages", "write_export_record",
+           "read_export_record", "describe_folder", "ExportCommand"]
