@@ -114,7 +114,7 @@ def test_the_recipe_refuses_settings_that_would_fail_after_training(tmp_path, mo
         main(["--model", "base", *base, "--gradient_accumulation_steps", "4"])
     with pytest.raises(ValueError, match="not both \\(got --tokens_per_step 2000 and --max_tokens_per_batch 500\\)"):
         main(["--model", "base", *base, "--max_tokens_per_batch", "500"])
-    with pytest.raises(ValueError, match="--noam_warmup_steps must be an int of at least 1, got 0"):
+    with pytest.raises(ValueError, match="--warmup_steps must be a whole number of updates, at least 1, with --lr_scheduler_type noam"):
         main(["--model", "base", *base, "--noam_warmup_steps", "0"])
     # Each refusal came before the recipe wrote anything: no vocabulary was trained, no run folder made.
     assert not (tmp_path / "bpe").exists() and not (tmp_path / "run").exists()

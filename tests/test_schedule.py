@@ -111,7 +111,33 @@ def test_paper_adam_hyperparameters():
 
 def test_scheduler_state_saves_the_noam_settings():
     scheduler = noam_schedule(paper_adam(Regression()), 512, 4000, factor=2.0)
-    assert scheduler.state_dict()["lr_lambdas"] == [{"d_model": 512, "warmup_steps": 4000, "factor": 2.0, "decay": 1.0}]
+    assert scheduler.state_dict()["lr_lambdas"] == [
+        {"d_model": 512, "warmup_steps": 4000, "factor": 2.0, "base_lr": 1.0, "decay": 1.0}]
+
+
+@pytest.mark.parametrize("d_model, warmup, factor", [(512, 4000, 1.0), (64, 400, 0.5), (1024, 4000, 2.0)])
+def test_paper_trainer_runs_equation_3_at_every_update_of_100000(tmp_path, d_model, warmup, factor):
+    """PaperTrainer's Noam scheduler, built from the arguments a run saves (peak rate and warmup), gives the same rate
+    as equation (3) written out (update k at lr(k)) at each of 100,000 updates."""
+    from conftest import tiny_model
+
+    from vanilla_transformer.training import PaperTrainer, TranslationTrainingArguments, noam_peak_rate
+
+    model = tiny_model()
+    model.config.d_model = d_model  # the schedule reads only this
+    args = TranslationTrainingArguments(output_dir=str(tmp_path), warmup_steps=warmup, use_cpu=True, report_to="none",
+                                        learning_rate=noam_peak_rate(d_model, warmup, factor))
+    trainer = PaperTrainer(model=model, args=args)
+    trainer.create_optimizer_and_scheduler(num_training_steps=100_000)
+    scheduler = trainer.lr_scheduler
+    assert set(scheduler.base_lrs) == {args.learning_rate}  # every parameter group (Trainer makes two)
+    base_lr, schedule = scheduler.base_lrs[0], scheduler.lr_lambdas[0]
+    steps = range(1, 100_001)
+    paper = [factor * d_model**-0.5 * min(k**-0.5, k * warmup**-1.5) for k in steps]
+    ran = [base_lr * schedule(k - 1) for k in steps]
+    assert max(abs(r / p - 1) for r, p in zip(ran, paper)) < 1e-12
+    assert scheduler.get_last_lr()[0] == ran[0]
+    assert (args.lr_scheduler_type, args.warmup_steps) == ("noam", warmup)
 
 
 def test_trainer_uses_paper_lr_for_every_update(tmp_path):

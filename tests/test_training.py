@@ -73,17 +73,22 @@ def test_run_reports_its_stages_and_leaves_its_arguments_as_given(tmp_path):
     assert (parsed[3].gradient_accumulation_steps, parsed[3].generation_max_length) == (1, None)
 
 
-def test_the_noam_schedule_drives_the_trainer(tmp_path):
-    arguments = TINY_RUN + ["--output_dir", str(tmp_path / "run"), "--max_eval_samples", "2"]
+def test_the_noam_schedule_drives_the_trainer_and_its_saved_arguments_say_so(tmp_path):
+    arguments = TINY_RUN + ["--output_dir", str(tmp_path / "run"), "--max_eval_samples", "2", "--noam_factor", "2"]
     arguments[arguments.index("--save_strategy") + 1] = "steps"
     run(*parse(arguments + ["--save_steps", "8"]))
     state = json.loads((tmp_path / "run" / "checkpoint-8" / "trainer_state.json").read_text())
     logged = [(entry["step"], entry["learning_rate"]) for entry in state["log_history"] if "learning_rate" in entry]
     assert [step for step, _ in logged] == [2, 4, 6, 8]
-    d_model, warmup = 64, 4  # the tiny preset, --noam_warmup_steps 4
+    d_model, warmup, factor = 64, 4, 2.0  # the tiny preset, --noam_warmup_steps 4, --noam_factor 2
     for step, lr in logged:
         # Trainer logs the rate of the update it just made: update k runs at the paper's lr(k).
-        assert lr == pytest.approx(d_model**-0.5 * min(step**-0.5, step * warmup**-1.5), rel=1e-6)
+        assert lr == pytest.approx(factor * d_model**-0.5 * min(step**-0.5, step * warmup**-1.5), rel=1e-6)
+    saved = torch.load(tmp_path / "run" / "checkpoint-8" / "training_args.bin", weights_only=False)
+    # What ran, in Trainer's names: the schedule, its peak rate (reached at update `warmup`) and its warmup.
+    assert (saved.lr_scheduler_type, saved.warmup_steps) == ("noam", warmup)
+    assert saved.learning_rate == pytest.approx(factor * d_model**-0.5 * warmup**-0.5, rel=1e-12)
+    assert json.loads(saved.to_json_string())["lr_scheduler_type"] == "noam"
 
 
 def test_checkpoints_saved_after_a_generating_evaluation_keep_the_models_generation_config(tmp_path):
@@ -252,19 +257,20 @@ def test_a_time_budget_that_is_not_a_positive_number_of_minutes_is_refused(tmp_p
         parse(TINY_RUN + ["--output_dir", str(tmp_path / "run"), "--max_train_minutes", minutes])
 
 
-def test_a_learning_rate_other_than_one_is_refused_with_noam(tmp_path):
-    parsed = parse(TINY_RUN + ["--output_dir", str(tmp_path / "run"), "--learning_rate", "5e-4"])
-    with pytest.raises(ValueError, match="learning_rate must be 1.0"):
+def test_a_noam_factor_beside_a_learning_rate_is_refused_before_anything_is_written(tmp_path):
+    parsed = parse(TINY_RUN + ["--output_dir", str(tmp_path / "run"), "--learning_rate", "5e-4", "--noam_factor", "2"])
+    with pytest.raises(ValueError, match=re.escape("--noam_factor 2.0 scales the Noam schedule's peak, but "
+                                                   "--learning_rate 0.0005 already sets it")):
         run(*parsed)
+    assert not (tmp_path / "run").exists()
 
 
 def test_another_scheduler_needs_its_own_learning_rate(tmp_path):
     arguments = TINY_RUN + ["--output_dir", str(tmp_path / "run"), "--lr_scheduler_type", "linear"]
-    with pytest.raises(ValueError, match="--lr_scheduler_type linear takes its rate from --learning_rate, which is still 1.0"):
-        run(*parse(arguments))
-    assert not (tmp_path / "run" / "model.safetensors").exists()
+    with pytest.raises(ValueError, match="--lr_scheduler_type linear takes its peak rate from --learning_rate: give one"):
+        parse(arguments)
     parsed = parse(arguments + ["--learning_rate", "5e-4", "--max_steps", "2"])
-    assert not parsed[3].noam
+    assert (parsed[3].lr_scheduler_type, parsed[3].warmup_steps) == ("linear", 4)  # --noam_warmup_steps is --warmup_steps
     results = run(*parsed)
     assert results["train"]["steps"] == 2 and math.isfinite(results["train"]["train_loss"])
 

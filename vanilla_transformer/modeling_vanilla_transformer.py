@@ -30,8 +30,9 @@ from transformers.utils.output_capturing import OutputRecorder, capture_outputs
 from .configuration_vanilla_transformer import VanillaTransformerConfig, paper_generation_config
 # check_token_ids and gnmt_length_penalty are re-exported: the package's data and tools import them from here.
 from .support_vanilla_transformer import (CACHE_FIELD, PaperDecodingMixin, accepts_past_key_values,
-                                          check_decoder_inputs, check_encoder_inputs, check_labels, check_model_inputs,
-                                          check_token_ids, gnmt_length_penalty, label_smoothed_cross_entropy)
+                                          check_decoder_inputs, check_encoder_inputs, check_labels,
+                                          check_seq2seq_inputs, check_token_ids, gnmt_length_penalty,
+                                          label_smoothed_cross_entropy)
 
 
 class SinusoidalPositionalEncoding(nn.Module):
@@ -362,7 +363,7 @@ class VanillaTransformerModel(VanillaTransformerPreTrainedModel):
                                            inputs_embeds=inputs_embeds, **kwargs)
         elif not isinstance(encoder_outputs, BaseModelOutput):  # a tuple: (last_hidden_state, hidden_states, ...)
             encoder_outputs = BaseModelOutput(*encoder_outputs)
-        check_model_inputs(input_ids, inputs_embeds, encoder_outputs.last_hidden_state if encoded else None,
+        check_seq2seq_inputs(input_ids, inputs_embeds, encoder_outputs.last_hidden_state if encoded else None,
                            attention_mask, decoder_input_ids, decoder_inputs_embeds)
         decoder_outputs = self.decoder(
             input_ids=decoder_input_ids, attention_mask=decoder_attention_mask,

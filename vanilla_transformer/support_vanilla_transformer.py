@@ -126,7 +126,7 @@ def check_decoder_inputs(decoder, input_ids, inputs_embeds, encoder_hidden_state
     check_mask(encoder_attention_mask, "encoder_attention_mask", encoder_hidden_states, "encoder_hidden_states")
 
 
-def check_model_inputs(input_ids, inputs_embeds, encoder_outputs, attention_mask, decoder_input_ids,
+def check_seq2seq_inputs(input_ids, inputs_embeds, encoder_outputs, attention_mask, decoder_input_ids,
                        decoder_inputs_embeds):
     """What encoder and decoder cannot check alone, with the names the user gave (the decoder knows others): a
     mask beside `encoder_outputs` passed in (their last hidden state, or None), and one source per target."""
@@ -282,5 +282,5 @@ def _gnmt_exponent(length: int, alpha: float) -> float:
 
 
 __all__ = ["CACHE_FIELD", "accepts_past_key_values", "check_int", "check_token_ids", "check_encoder_inputs", "check_decoder_inputs",
-           "check_model_inputs", "check_labels", "label_smoothed_cross_entropy", "PaperDecodingMixin",
+           "check_seq2seq_inputs", "check_labels", "label_smoothed_cross_entropy", "PaperDecodingMixin",
            "gnmt_length_penalty"]

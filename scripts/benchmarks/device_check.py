@@ -214,7 +214,7 @@ def training_run(device, s, cpu_smoke: bool) -> dict:
     with tempfile.TemporaryDirectory(prefix="vt_device_check_") as tmp:
         output_dir = Path(tmp, "run")
         flags = dict(output_dir=output_dir, preset=r["preset"], vocab_size=r["vocab_size"], max_steps=r["max_steps"],
-                     per_device_train_batch_size=r["batch"], noam_warmup_steps=r["warmup"],
+                     per_device_train_batch_size=r["batch"], warmup_steps=r["warmup"],
                      max_train_samples=r["train_samples"], max_eval_samples=r["eval_samples"],
                      logging_steps=r["logging_steps"], save_strategy="steps", save_steps=r["max_steps"],
                      save_total_limit=1, eval_strategy="no", report_to="none", seed=0, num_examples=2,

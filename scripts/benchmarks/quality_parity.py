@@ -43,7 +43,7 @@ from vanilla_transformer.training import (PaperTrainer, TranslationTrainingArgum
 from vanilla_transformer.training.metrics import corpus_scores  # noqa: E402
 from vanilla_transformer.training.precision import native_bf16  # noqa: E402
 from vanilla_transformer.training.run import parse_config_overrides  # noqa: E402
-from vanilla_transformer.training.schedule import NoamLambda  # noqa: E402
+from vanilla_transformer.training.schedule import noam_peak_rate  # noqa: E402
 
 from .toolkit import (command_line, describe_cpu, environment, format_load, load_average, load_multi30k,  # noqa: E402
                       markdown_table, multi30k_missing, shared_tokenizer_for, write_report)
@@ -117,7 +117,9 @@ def trainer_for(kind: str, settings: ParitySettings, work: Path) -> PaperTrainer
              else MarianMTModel(marian_config_like(config)))
     averaged = settings.average_last_checkpoints > 0
     args = TranslationTrainingArguments(
-        output_dir=str(work / kind), max_steps=settings.max_steps, seed=settings.seed, learning_rate=1.0,
+        output_dir=str(work / kind), max_steps=settings.max_steps, seed=settings.seed,
+        learning_rate=noam_peak_rate(config.d_model, settings.noam_warmup_steps, settings.noam_factor),
+        warmup_steps=settings.noam_warmup_steps,
         eval_strategy="steps", eval_steps=settings.eval_steps, logging_steps=settings.logging_steps,
         per_device_eval_batch_size=64, predict_with_generate=False, report_to="none",
         save_strategy="steps" if averaged else "no", save_steps=settings.save_steps,
@@ -129,7 +131,6 @@ def trainer_for(kind: str, settings: ParitySettings, work: Path) -> PaperTrainer
         processing_class=tokenizer,
         data_collator=DataCollatorForSeq2Seq(tokenizer, model=model, label_pad_token_id=-100),
         compute_loss_func=None if kind == "ours" else label_smoothed_loss_func(settings.label_smoothing),
-        noam_schedule=NoamLambda(config.d_model, settings.noam_warmup_steps, settings.noam_factor),
         max_tokens_per_batch=settings.max_tokens_per_batch)
 
 

@@ -10,9 +10,9 @@ from .arguments import (
 )
 from .checkpoints import average_checkpoints, last_checkpoints
 from .run import check_run_can_start, evaluate_bleu, load_raw_splits, run
-from .schedule import PAPER_ADAM, NoamLambda, noam_schedule, paper_adam
+from .schedule import PAPER_ADAM, NoamLambda, noam_peak_rate, noam_schedule, paper_adam
 from .trainer import PaperTrainer
 
 __all__ = ["ModelArguments", "DataArguments", "RecipeArguments", "TranslationTrainingArguments",
            "parse_training_args", "run", "check_run_can_start", "load_raw_splits", "evaluate_bleu", "PaperTrainer",
-           "NoamLambda", "noam_schedule", "paper_adam", "PAPER_ADAM", "average_checkpoints", "last_checkpoints"]
+           "NoamLambda", "noam_peak_rate", "noam_schedule", "paper_adam", "PAPER_ADAM", "average_checkpoints", "last_checkpoints"]

@@ -3,9 +3,11 @@ with the paper's defaults (§5.3 Adam, §5.4 label smoothing, §6.1 beam-4 evalu
 
 import sys
 from dataclasses import dataclass, field
+from enum import Enum
 
 import torch
 from transformers import HfArgumentParser, Seq2SeqTrainingArguments
+from transformers.trainer_utils import SchedulerType
 
 from ..support_vanilla_transformer import check_int
 from .schedule import PAPER_ADAM
@@ -65,8 +67,9 @@ class DataArguments:
 
 @dataclass
 class RecipeArguments:
-    noam_warmup_steps: int = field(default=4000, metadata={"help": "§5.3 warmup_steps."})
-    noam_factor: float = field(default=1.0, metadata={"help": "Multiplies the whole Noam curve."})
+    noam_factor: float = field(default=1.0, metadata={
+        "help": "Multiplies the whole Noam curve: its peak, the run's --learning_rate, is noam_factor * d_model^-0.5 * "
+                "warmup_steps^-0.5 (give one of the two)."})
     label_smoothing: float = field(default=0.1, metadata={"help": "§5.4 epsilon_ls; kept in the model config."})
     max_tokens_per_batch: int | None = field(default=None, metadata={
         "help": "§5.1 token-based batching: padded source (and target) tokens per device batch, replacing "
@@ -121,8 +124,7 @@ class RecipeArguments:
 
     def __post_init__(self):
         counts = {name: 1 for name in ("pad_to_multiple_of", "tokens_per_step", "max_tokens_per_device",
-                                       "average_last_checkpoints", "max_tokens_per_batch", "noam_warmup_steps",
-                                       "num_beams")}
+                                       "average_last_checkpoints", "max_tokens_per_batch", "num_beams")}
         counts["early_stopping_patience"] = 0  # 0: off
         for name, at_least in counts.items():
             if getattr(self, name) is not None:
@@ -151,14 +153,30 @@ class RecipeArguments:
                              f"and --max_tokens_per_batch {self.max_tokens_per_batch}).")
 
 
+class PaperSchedulerType(str, Enum):
+    """Schedules transformers does not name, each run by PaperTrainer: the saved arguments keep the name that ran."""
+
+    NOAM = "noam"
+
+
+NOAM = PaperSchedulerType.NOAM
+
+
 @dataclass
 class TranslationTrainingArguments(Seq2SeqTrainingArguments):
     """Seq2SeqTrainingArguments with the paper's defaults: Adam(0.9, 0.98, 1e-9), beam 4 evaluation."""
 
     lr_scheduler_type: str = field(default="noam", metadata={
-        "help": "noam (§5.3: the rate comes from --noam_warmup_steps and --noam_factor, --learning_rate stays 1.0) "
-                "or any transformers scheduler (linear, cosine, inverse_sqrt, ...) with --learning_rate."})
-    learning_rate: float = field(default=1.0, metadata={"help": "1.0 with the Noam schedule (it sets the rate)."})
+        "help": "noam (§5.3 equation (3), run by PaperTrainer: a linear warmup over --warmup_steps to --learning_rate, "
+                "then 1 / sqrt(step), counted from update 1 as the paper does) or any transformers scheduler (linear, "
+                "cosine, inverse_sqrt, ...)."})
+    learning_rate: float | None = field(default=None, metadata={
+        "help": "The schedule's peak rate. With noam, default: equation (3)'s peak for the model, --noam_factor * "
+                "d_model^-0.5 * warmup_steps^-0.5, filled in once the model is known; other schedules need it."})
+    warmup_steps: float | None = field(default=None, metadata={
+        "aliases": ["--noam_warmup_steps"],
+        "help": "Updates of linear warmup (a float below 1: a share of all updates). Default: the paper's 4000 with "
+                "noam, 0 otherwise."})
     adam_beta1: float = PAPER_ADAM["betas"][0]
     adam_beta2: float = PAPER_ADAM["betas"][1]
     adam_epsilon: float = PAPER_ADAM["eps"]
@@ -173,11 +191,22 @@ class TranslationTrainingArguments(Seq2SeqTrainingArguments):
         "help": "Train from scratch into a non-empty --output_dir, replacing the run saved there."})
 
     def __post_init__(self):
-        # Trainer knows no "noam": it runs a constant schedule that PaperTrainer replaces with the paper's.
-        self.noam = self.lr_scheduler_type == "noam"
-        if self.noam:
-            self.lr_scheduler_type = "constant"
+        noam = self.lr_scheduler_type == "noam"
+        if self.warmup_steps is None:
+            self.warmup_steps = 4000 if noam else 0
+        if noam:
+            if not (self.warmup_steps >= 1 and float(self.warmup_steps).is_integer()):
+                raise ValueError(f"--warmup_steps must be a whole number of updates, at least 1, with "
+                                 f"--lr_scheduler_type noam (equation (3) divides by it), got {self.warmup_steps!r}.")
+            self.warmup_steps = int(self.warmup_steps)
+            # transformers checks the name against its own schedulers; PaperTrainer runs this one (create_scheduler).
+            self.lr_scheduler_type = SchedulerType.INVERSE_SQRT
+        elif self.learning_rate is None:
+            raise ValueError(f"--lr_scheduler_type {self.lr_scheduler_type} takes its peak rate from --learning_rate: "
+                             "give one (e.g. 5e-4), or use --lr_scheduler_type noam.")
         super().__post_init__()
+        if noam:
+            self.lr_scheduler_type = NOAM
         accelerator = getattr(torch, "accelerator", None)
         has_accelerator = accelerator.is_available() if accelerator is not None else torch.cuda.is_available()
         if self.fp16 and (self.use_cpu or not has_accelerator):
@@ -200,5 +229,5 @@ def parse_training_args(argv: list[str] | None = None) -> RunArguments:
     return parser.parse_args_into_dataclasses(arguments)
 
 
-__all__ = ["ModelArguments", "DataArguments", "RecipeArguments", "TranslationTrainingArguments", "RunArguments",
+__all__ = ["PaperSchedulerType", "NOAM", "ModelArguments", "DataArguments", "RecipeArguments", "TranslationTrainingArguments", "RunArguments",
            "parse_training_args"]

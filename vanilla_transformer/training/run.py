@@ -35,9 +35,9 @@ from ..tools.hub import add_translation_pipeline, check_hub_folder
 from ..tools.model_card import write_run_card
 from ..tools.translation import translate
 from . import metrics
-from .arguments import DataArguments, ModelArguments, RecipeArguments, TranslationTrainingArguments
+from .arguments import NOAM, DataArguments, ModelArguments, RecipeArguments, TranslationTrainingArguments
 from .checkpoints import replace_weights_with_average, resolve_checkpoint
-from .schedule import NoamLambda
+from .schedule import noam_peak_rate
 from .trainer import EarlyStopping, PaperTrainer, TrainingTimeBudget
 
 logger = logging.getLogger(__name__)
@@ -246,7 +246,12 @@ def check_recipe_fits_the_run(recipe: RecipeArguments, args: TranslationTraining
         raise ValueError(f"--{name} {value} and --generation_config {args.generation_config} both set the trained "
                          f"model's decoding: give {name} in that file, or drop --generation_config.")
     check_early_stopping(recipe, args)
-    if recipe.lr_decay_minutes is not None and not args.noam:
+    noam = args.lr_scheduler_type == NOAM
+    if recipe.noam_factor != 1.0 and (not noam or args.learning_rate is not None):
+        raise ValueError(f"--noam_factor {recipe.noam_factor} scales the Noam schedule's peak, but --learning_rate "
+                         f"{args.learning_rate} already sets it (--lr_scheduler_type {args.lr_scheduler_type.value}): "
+                         "give one of the two.")
+    if recipe.lr_decay_minutes is not None and not noam:
         raise ValueError(f"--lr_decay_minutes {recipe.lr_decay_minutes} anneals the Noam schedule, not --lr_scheduler_type "
                          f"{args.lr_scheduler_type.value}: drop one of them (linear and cosine decay by steps).")
     wanted = recipe.average_last_checkpoints
@@ -355,6 +360,8 @@ def build_trainer(model, tokenizer, train_set, eval_set, recipe: RecipeArguments
     args = copy.copy(args)  # not dataclasses.replace: TrainingArguments' __post_init__ would set up devices again
     if args.generation_max_length is None:
         args.generation_max_length = data.max_target_length
+    if args.lr_scheduler_type == NOAM and args.learning_rate is None:
+        args.learning_rate = noam_peak_rate(model.config.d_model, args.warmup_steps, recipe.noam_factor)
     max_tokens_per_batch = recipe.max_tokens_per_batch
     if plan is not None:
         max_tokens_per_batch, args.gradient_accumulation_steps = plan.max_tokens_per_batch, plan.gradient_accumulation_steps
@@ -363,8 +370,6 @@ def build_trainer(model, tokenizer, train_set, eval_set, recipe: RecipeArguments
         data_collator=TranslationDataCollator(tokenizer, model=model, label_pad_token_id=-100,
                                               pad_to_multiple_of=recipe.pad_to_multiple_of),
         compute_metrics=metrics.build_compute_metrics(tokenizer),
-        noam_schedule=NoamLambda(model.config.d_model, recipe.noam_warmup_steps, recipe.noam_factor)
-        if args.noam else None,
         max_tokens_per_batch=max_tokens_per_batch, token_dropout=recipe.token_dropout, callbacks=callbacks,
     )
 

@@ -1,5 +1,6 @@
-"""The paper's optimiser and learning-rate schedule (§5.3): `NoamLambda` for Trainer (`PaperTrainer(noam_schedule=)`,
-the default of scripts/train.py), `paper_adam` and `noam_schedule` for a training loop of one's own."""
+"""The paper's optimiser and learning-rate schedule (§5.3): `NoamLambda`, which `PaperTrainer` runs for
+`--lr_scheduler_type noam` (the default of scripts/train.py), `paper_adam` and `noam_schedule` for a training loop of
+one's own or `Seq2SeqTrainer(optimizers=...)`."""
 
 import torch
 from torch.optim.lr_scheduler import LambdaLR
@@ -13,8 +14,17 @@ def _check_positive(**values):
             raise ValueError(f"{name} must be > 0, got {value!r}")
 
 
+def noam_peak_rate(d_model, warmup_steps=4000, factor=1.0) -> float:
+    """The highest rate of equation (3), reached at update `warmup_steps`: factor * d_model^-0.5 * warmup^-0.5. Trainer
+    calls a schedule's peak its learning rate, so a Noam run's `learning_rate` is this."""
+    _check_positive(d_model=d_model, warmup_steps=warmup_steps, factor=factor)
+    return factor * d_model**-0.5 * warmup_steps**-0.5
+
+
 class NoamLambda:
-    """lr(s) = factor * d_model^-0.5 * min(s^-0.5, s * warmup^-1.5), §5.3 equation (3).
+    """lr(s) = factor * d_model^-0.5 * min(s^-0.5, s * warmup^-1.5), §5.3 equation (3), divided by `base_lr`: LambdaLR
+    multiplies the lambda by the optimizer's rate, 1.0 for `noam_schedule` (the lambda is the rate), the peak rate
+    for Trainer (whose `learning_rate` is a schedule's peak).
 
     A callable object rather than a closure: `LambdaLR.state_dict()` stores an object's `__dict__`
     (and None for functions), so Trainer checkpoints carry the schedule's settings. On resume
@@ -24,18 +34,20 @@ class NoamLambda:
     (`TrainingTimeBudget`, --lr_decay_minutes).
     """
 
-    def __init__(self, d_model, warmup_steps=4000, factor=1.0):
-        _check_positive(d_model=d_model, warmup_steps=warmup_steps, factor=factor)
+    def __init__(self, d_model, warmup_steps=4000, factor=1.0, base_lr=1.0):
+        _check_positive(d_model=d_model, warmup_steps=warmup_steps, factor=factor, base_lr=base_lr)
         self.d_model = d_model
         self.warmup_steps = warmup_steps
         self.factor = factor
+        self.base_lr = base_lr
         self.decay = 1.0
 
     def __call__(self, step):
         # LambdaLR asks for step 0 at construction and that value drives update #1, so shift by one:
         # update k (1-based) runs at the paper's lr(k), never at lr(0) = 0.
         s = step + 1
-        return self.decay * self.factor * self.d_model**-0.5 * min(s**-0.5, s * self.warmup_steps**-1.5)
+        rate = self.factor * self.d_model**-0.5 * min(s**-0.5, s * self.warmup_steps**-1.5)
+        return self.decay * rate / self.base_lr
 
 
 def noam_schedule(optimizer, d_model, warmup_steps=4000, factor=1.0):

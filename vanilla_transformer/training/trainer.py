@@ -11,8 +11,8 @@ from transformers import EarlyStoppingCallback, Seq2SeqTrainer, TrainerCallback
 from transformers.trainer_pt_utils import BatchRebalanceSampler
 
 from ..data.batching import TokenBucketBatchSampler, example_lengths
-from .arguments import TranslationTrainingArguments
-from .schedule import NoamLambda
+from .arguments import NOAM
+from .schedule import NoamLambda, noam_peak_rate
 
 logger = logging.getLogger(__name__)
 
@@ -26,32 +26,27 @@ class TokenBatches(TokenBucketBatchSampler, BatchRebalanceSampler):
 
 
 class PaperTrainer(Seq2SeqTrainer):
-    """Seq2SeqTrainer whose scheduler is the paper's (§5.3) when `noam_schedule` is given.
+    """Seq2SeqTrainer that runs the paper's schedule (§5.3) for `lr_scheduler_type="noam"`, and §5.1's token batches
+    for `max_tokens_per_batch`.
 
-    Overriding `create_scheduler` rather than passing `optimizers=(...)` lets Trainer build the optimizer
-    itself after wrapping the model, which FSDP and DeepSpeed require.
+    The Noam run's arguments say what runs: `learning_rate` is equation (3)'s peak (filled in from the model's
+    d_model when not given) and `warmup_steps` its warmup. Overriding `create_scheduler` rather than passing
+    `optimizers=(...)` lets Trainer build the optimizer itself after wrapping the model, which FSDP and DeepSpeed
+    require.
     """
 
-    def __init__(self, *args, noam_schedule: NoamLambda | None = None, max_tokens_per_batch: int | None = None,
+    def __init__(self, model=None, args=None, *more, max_tokens_per_batch: int | None = None,
                  token_dropout: float = 0.0, **kwargs):
         tokenizer = kwargs.get("processing_class")
         if token_dropout and getattr(tokenizer, "unk_token_id", None) is None:  # before Trainer creates output_dir
             raise ValueError(f"--token_dropout {token_dropout} replaces tokens by the tokenizer's unknown token, but "
                              f"this tokenizer ({type(tokenizer).__name__}) has none.")
-        super().__init__(*args, **kwargs)
-        self.noam_schedule = noam_schedule
+        if args is not None and args.lr_scheduler_type == NOAM and args.learning_rate is None:
+            args.learning_rate = noam_peak_rate(model.config.d_model, args.warmup_steps)
+        super().__init__(model, args, *more, **kwargs)
         self.max_tokens_per_batch = max_tokens_per_batch
         self.token_dropout = token_dropout
-        chose_another = isinstance(self.args, TranslationTrainingArguments) and not self.args.noam
-        if noam_schedule is None and chose_another and self.args.learning_rate == 1.0:
-            raise ValueError(f"--lr_scheduler_type {self.args.lr_scheduler_type.value} takes its rate from "
-                             "--learning_rate, which is still 1.0, the Noam schedule's placeholder: pass --learning_rate "
-                             "(e.g. 5e-4), or use --lr_scheduler_type noam.")
-        if noam_schedule is not None and self.args.learning_rate != 1.0:
-            raise ValueError(
-                f"With the Noam schedule the learning rate comes from the schedule, so --learning_rate must be "
-                f"1.0 (got {self.args.learning_rate}); scale the curve with --noam_factor instead."
-            )
+        self.noam_scheduler = None
 
     def get_train_dataloader(self) -> DataLoader:
         """Trainer's own training DataLoader (collator, unused columns removed, workers and their seeds, accelerate),
@@ -123,10 +118,13 @@ class PaperTrainer(Seq2SeqTrainer):
             unwrapped.generation_config = generation_config
 
     def create_scheduler(self, num_training_steps, optimizer=None):
-        if self.noam_schedule is None or self.lr_scheduler is not None:
+        ours = self.lr_scheduler is None or self.lr_scheduler is self.noam_scheduler  # a new train() starts it again
+        if self.args.lr_scheduler_type != NOAM or not ours:
             return super().create_scheduler(num_training_steps, optimizer)
-        self.lr_scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer or self.optimizer, self.noam_schedule)
-        self._created_lr_scheduler = True
+        d_model, warmup, peak = self.model.config.d_model, self.args.warmup_steps, self.args.learning_rate
+        # The factor that puts equation (3)'s peak at this run's learning rate; the rate is then eq. (3) exactly.
+        schedule = NoamLambda(d_model, warmup, peak / noam_peak_rate(d_model, warmup), base_lr=peak)
+        self.lr_scheduler = self.noam_scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer or self.optimizer, schedule)
         return self.lr_scheduler
 
 
