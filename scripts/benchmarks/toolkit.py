@@ -117,12 +117,14 @@ def git_commit() -> str | None:
     return head + ("+" if dirty else "")
 
 
-def environment(device: torch.device | str | None = None) -> dict:
-    """Versions, commit, processor (and the flags that set its bf16 and int8 speed) or GPU, threads and how busy the
-    machine was: what a reader needs to trust a time."""
+def environment(device: torch.device | str | None = None, measures: tuple[str, ...] = ()) -> dict:
+    """Versions, commit and the code measured (`measures`: the repository paths whose change after this commit makes
+    the figures stale, as scripts/utils/pages.py checks), processor (and the flags that set its bf16 and int8 speed)
+    or GPU, threads and how busy the machine was: what a reader needs to trust a time."""
     cpu, cpu_flags = cpu_description()
     info = {"python": platform.python_version(), "torch": torch.__version__, "cuda_build": torch.version.cuda,
-            "transformers": transformers.__version__, "commit": git_commit(), "cpu": cpu, "cpu_flags": cpu_flags,
+            "transformers": transformers.__version__, "commit": git_commit(), "measures": list(measures),
+            "cpu": cpu, "cpu_flags": cpu_flags,
             "cores_available": available_cores(),
             "torch_threads": torch.get_num_threads(), "torch_interop_threads": torch.get_num_interop_threads(),
             "omp_wait_policy": os.environ.get("OMP_WAIT_POLICY"), "load_average_at_start": load_average()}

@@ -22,6 +22,7 @@ each bought on validation: scripts/recipes/README.md.
 import argparse
 import json
 import logging
+import sys
 import time
 from pathlib import Path
 
@@ -36,6 +37,11 @@ from vanilla_transformer.training.run import dataset_description
 
 ROOT = Path(__file__).resolve().parents[2]
 MULTI30K = ROOT.parent / "shared" / "data" / "multi30k"
+RESULTS = ROOT / "scripts" / "benchmarks" / "results"
+# What a recorded run measured: a change to these after its commit makes its figures stale (scripts/utils/pages.py).
+MEASURES = ("vanilla_transformer", "scripts/recipes/multi30k_en_de.py")
+# The held-out sets by the names the pages give them (the files' stems in the dataset's data/task1/raw).
+SET_NAMES = {"test_2016_flickr": "test2016", "test_2017_flickr": "test2017", "test_2017_mscoco": "mscoco2017"}
 logger = logging.getLogger("multi30k_en_de")
 
 # The recipe, chosen on the validation set (scripts/recipes/README.md has the runs behind each choice). Its length
@@ -84,6 +90,10 @@ def recipe_parser() -> argparse.ArgumentParser:
     parser.add_argument("--minutes", type=float, help="wall-clock budget of the whole command; training gets what the "
                         "rest does not need (train.py's --max_train_minutes, if given, wins); default: the recipe's, "
                         "60 for ours and 150 for wu2021")
+    parser.add_argument("--record", action="store_true",
+                        help=f"write the run's record (command, commit, machine, scores, validation curve) to "
+                             f"{RESULTS.relative_to(ROOT)}/multi30k_<recipe>.json, the file the pages render the "
+                             "recipe's figures from")
     return parser
 
 
@@ -160,6 +170,7 @@ def main(argv=None) -> dict:
     parser = recipe_parser()
     recipe, passthrough = parser.parse_known_args(argv)
     chosen = RECIPES[recipe.recipe]
+    measured = measured_environment(parser) if recipe.record else None
     recipe.minutes = chosen["minutes"] if recipe.minutes is None else recipe.minutes
     flags = [
         "--output_dir", str(recipe.output_dir), "--preset", chosen["preset"], "--vocab_size", str(chosen["vocab_size"]),
@@ -199,6 +210,8 @@ def main(argv=None) -> dict:
     write_run_card(folder, results, languages=[data.source_lang, data.target_lang], license=model_args.license,
                    dataset_name=dataset_description(data), held_out=held_out)
     plot_bleu_curve(folder, results, lowercase=chosen["lowercase"])
+    if recipe.record:
+        print(f"recorded {record_run(recipe, sys.argv[1:] if argv is None else argv, args, results, measured)}")
     print(json.dumps({"output_dir": str(folder), "minutes": round(results["minutes"], 1),
                       "validation_bleu": results["validation"]["bleu"],
                       "validation_bleu_lowercase": results["validation"]["bleu_lowercase"],
@@ -209,6 +222,49 @@ def main(argv=None) -> dict:
                       "held_out_multi30k_bleu": {h["dataset_name"]: h["multi30k_bleu"]["bleu"] for h in held_out}},
                      indent=2))
     return results
+
+
+def _scores(entry: dict) -> dict:
+    return {"sacrebleu": entry["bleu"], "sacrebleu_lowercased": entry["bleu_lowercase"], "chrf": entry["chrf"],
+            "multi30k_bleu": entry["multi30k_bleu"]["bleu"]}
+
+
+def measured_environment(parser) -> dict:
+    """The machine and the commit, taken as the run starts (the tree may move on while it trains); a record names a
+    commit, so the tree must have no uncommitted change."""
+    if str(ROOT) not in sys.path:  # run as a file: the repository's measurement toolkit is beside this folder
+        sys.path.insert(0, str(ROOT))
+    from scripts.benchmarks.toolkit import environment
+
+    measured = environment(measures=MEASURES)
+    if measured["commit"] is None or measured["commit"].endswith("+"):
+        parser.error(f"--record names the commit a run measured, but the work tree is at {measured['commit']}: commit "
+                     "(or stash) the changes first")
+    return measured
+
+
+def record_run(recipe, argv: list[str], args, results: dict, measured: dict) -> Path:
+    """results/multi30k_<recipe>.json: what ran (command, commit and the code it measured, machine, precision), how far
+    it got, its scores on every set, and its validation curve (loss and greedy BLEU at each evaluation, against
+    updates and minutes), so that a later run, whole or partial, compares at matched updates."""
+    folder = Path(args.output_dir)
+    state = sorted(folder.glob("checkpoint-*/trainer_state.json"), key=lambda p: int(p.parent.name.split("-")[1]))
+    history = json.loads(state[-1].read_text())["log_history"] if state else []
+    curve = [{key: entry.get(key) for key in ("step", "minutes", "epoch", "eval_loss", "eval_bleu")}
+             for entry in history if "eval_loss" in entry]
+    scores = {"validation": _scores(results["validation"])}
+    for source, held_out in zip(recipe.test_source_file, results.get("held_out", [])):
+        scores[SET_NAMES.get(source.stem, source.stem)] = _scores(held_out)
+    train = results["train"]
+    record = {"command": " ".join(["python scripts/recipes/multi30k_en_de.py", *argv]),
+              "environment": measured, "recipe": recipe.recipe, "seed": args.seed,
+              "precision": "bf16 autocast" if args.bf16 else "float32", "updates": train["steps"],
+              "epochs": train["epoch"], "stopped_by": "time budget" if train.get("stopped_by_time_budget_at_step")
+              else "max_steps or patience", "command_minutes": results["minutes"],
+              "train_minutes": train["train_runtime"] / 60, "scores": scores, "curve": curve}
+    path = RESULTS / f"multi30k_{recipe.recipe}.json"
+    path.write_text(json.dumps(record, indent=2) + "\n", encoding="utf-8")
+    return path
 
 
 def plot_bleu_curve(folder: Path, results: dict, lowercase: bool = False):
