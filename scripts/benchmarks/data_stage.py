@@ -28,7 +28,8 @@ from pathlib import Path
 
 from transformers import TrainerCallback
 
-from .toolkit import command_line, cpu_slug, environment, format_load, markdown_table, multi30k_missing, write_report
+from .toolkit import (MODEL_CODE, command_line, cpu_slug, environment, format_load, markdown_table, multi30k_missing,
+                      write_report)
 
 ROOT = Path(__file__).resolve().parents[2]
 MULTI30K = ROOT.parent / "shared" / "data" / "multi30k"
@@ -138,7 +139,7 @@ def main(argv: list[str] | None = None) -> dict:
     args = parser.parse_args(argv)
     if (reason := multi30k_missing(MULTI30K)) is not None:
         parser.error(reason)
-    results = {"command": command_line("data_stage", argv), "environment": environment(),
+    results = {"command": command_line("data_stage", argv), "environment": environment(measures=("vanilla_transformer/data", "vanilla_transformer/training", *MODEL_CODE)),
                "sizes": [measure(pairs, args.work_dir) for pairs in args.pairs]}
     write_report(args.report or RESULTS / f"data_stage_{cpu_slug(results['environment'])}", results, render(results))
     print(render(results))

@@ -34,7 +34,7 @@ from vanilla_transformer.tools.onnx import export_onnx  # noqa: E402
 from vanilla_transformer.tools.translation import GenerateTranslator  # noqa: E402
 from vanilla_transformer.training.metrics import corpus_scores  # noqa: E402
 
-from .toolkit import (command_line, cpu_slug, describe_cpu, environment, load_multi30k, markdown_table,  # noqa: E402
+from .toolkit import (ENGINE_CODE, command_line, cpu_slug, describe_cpu, environment, load_multi30k, markdown_table,  # noqa: E402
                       multi30k_missing, time_interleaved, write_report)
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -176,7 +176,7 @@ def main(argv=None):
     if not sets:
         print("skipped: no model to export")
         return None
-    work, results = Path(tempfile.mkdtemp(prefix="vt_engines_")), {"environment": environment(), "models": {}}
+    work, results = Path(tempfile.mkdtemp(prefix="vt_engines_")), {"environment": environment(measures=ENGINE_CODE), "models": {}}
     exports = {}
     for name, (model_dir, sources, references) in sets.items():
         started = time.perf_counter()

@@ -85,7 +85,7 @@ def main(argv=None) -> dict:
     torch.set_num_threads(args.threads or available_cores())
     shapes = dict(tokens=args.tokens, vocab_size=args.vocab_size, d_model=args.d_model, dropout=args.dropout,
                   label_smoothing=args.label_smoothing)
-    results = {"command": command_line("kernels", argv), "environment": environment(), "shapes": shapes,
+    results = {"command": command_line("kernels", argv), "environment": environment(measures=("vanilla_transformer/support_vanilla_transformer.py",)), "shapes": shapes,
                "rows": compare_kernels(**shapes, repeats=args.repeats), "load_average_at_end": load_average()}
     env = results["environment"]
     loads = (env["load_average_at_start"], results["load_average_at_end"])

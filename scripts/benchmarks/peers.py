@@ -17,7 +17,7 @@ from functools import partial
 import torch
 
 from .memory import MEMORY_RESOLUTION_MIB, measure_memory
-from .toolkit import environment, load_average, matmul_peak, time_interleaved
+from .toolkit import MODEL_CODE, environment, load_average, matmul_peak, time_interleaved
 from .workloads import (SYSTEMS, BenchmarkSpec, build_models, decoders, parameter_counts, source_batch, token_counts,
                         training_batch, training_flops, training_steps)
 
@@ -34,7 +34,7 @@ def run_benchmark(spec: BenchmarkSpec, log: Callable[[str], None] = print) -> di
     torch.set_num_threads(spec.threads)
     device, started = torch.device(spec.device), time.perf_counter()
     models = build_models(spec)
-    results = {"spec": dataclasses.asdict(spec), "environment": environment(device),
+    results = {"spec": dataclasses.asdict(spec), "environment": environment(device, measures=MODEL_CODE),
                "parameters": {name: parameter_counts(model) for name, model in models.items()}}
     log(f"threads: {torch.get_num_threads()}; parameters: {results['parameters']}")
     dtype = spec.autocast or torch.float32  # the precision the training step multiplies in: MFU's denominator

@@ -203,7 +203,7 @@ def check_settings(settings: ParitySettings):
 
 def run_parity(settings: ParitySettings) -> dict:
     check_settings(settings)
-    start, machine = time.perf_counter(), environment()
+    start, machine = time.perf_counter(), environment(measures=("vanilla_transformer",))
     if settings.work_dir is None:
         settings = replace(settings, work_dir=tempfile.mkdtemp(prefix="vanilla_transformer_parity_"))
     prepared = prepare(settings)

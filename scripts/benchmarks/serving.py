@@ -30,12 +30,14 @@ from pathlib import Path
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
-from .toolkit import (command_line, cpu_slug, describe_cpu, environment, load_multi30k, markdown_table,  # noqa: E402
+from .toolkit import (ENGINE_CODE, command_line, cpu_slug, describe_cpu, environment, load_multi30k, markdown_table,  # noqa: E402
                       multi30k_missing, offline_env, write_report)
 
 ROOT = Path(__file__).resolve().parents[2]
 CLIENTS = (1, 8, 32, 64)
 PAIR = {"source": "en", "target": "de"}
+SERVED_CODE = (*ENGINE_CODE, "vanilla_transformer/tools/serving.py", "vanilla_transformer/tools/sentences.py",
+               "scripts/serve.py")
 # name: (engine, scripts/serve.py flags); the pipeline() baseline is its own server.
 SERVERS = {
     "ctranslate2 int8: HAProxy ingress": ("ctranslate2", []),
@@ -272,7 +274,7 @@ def run_benchmark(args) -> dict:
                "transformers": str(Path(args.model).resolve())}
     speeds = compute_type_speeds(folders["ctranslate2"], threads=1)
     compute_types = {"ctranslate2": max(speeds, key=speeds.get), "transformers": "default"}
-    results = {"environment": environment(), "sentences": len(sentences), "num_replicas": args.num_replicas,
+    results = {"environment": environment(measures=SERVED_CODE), "sentences": len(sentences), "num_replicas": args.num_replicas,
                "runs": args.runs, "requests": args.requests, "max_run_s": args.max_run_s,
                "compute_type_speeds": speeds, "engines": {}, "servers": {}}
     serve = [sys.executable, "scripts/serve.py", "--threads", "1", "--num_replicas", str(args.num_replicas),

@@ -24,6 +24,13 @@ import transformers
 
 from vanilla_transformer.data.corpora import available_cores
 
+# The code each kind of measurement exercises (`environment(measures=...)`): the model's three files, and the engines.
+MODEL_CODE = ("vanilla_transformer/configuration_vanilla_transformer.py",
+              "vanilla_transformer/modeling_vanilla_transformer.py", "vanilla_transformer/support_vanilla_transformer.py")
+ENGINE_CODE = (*MODEL_CODE, "vanilla_transformer/tools/translation.py", "vanilla_transformer/tools/engines.py",
+               "vanilla_transformer/tools/exports.py", "vanilla_transformer/tools/ctranslate2.py",
+               "vanilla_transformer/tools/onnx")
+
 
 def synchronize(device: torch.device | str | None) -> None:
     """Wait for the device's queued kernels (GPU timings are otherwise only the launch)."""
