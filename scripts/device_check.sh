@@ -1,9 +1,9 @@
 #!/usr/bin/env bash
 # GPU check of vanilla_transformer: attention agreement, the bf16 training step at the paper's batch (base, big;
-# ours and MarianMTModel, eager and torch.compile'd: throughput, MFU, peak memory), our loss and
-# dropout kernels against F.cross_entropy(label_smoothing=) and F.dropout (forward + backward, fp32 and bf16, at the
-# paper batch's shapes: which to keep on a GPU), `make bench`'s run on the GPU (ours vs MarianMTModel and ours
-# without the key/value cache), and a short bf16 training run. Logic: scripts/benchmarks/device_check.py.
+# ours and MarianMTModel, eager and torch.compile'd: throughput, MFU, peak memory), our loss kernel against
+# F.cross_entropy(label_smoothing=) (forward + backward, fp32 and bf16, at the paper batch's shapes: whether to keep it
+# on a GPU), `make bench`'s run on the GPU (ours vs MarianMTModel and ours without the key/value cache), and a short
+# bf16 training run. Logic: scripts/benchmarks/device_check.py.
 #
 #   scripts/device_check.sh                 # on a CUDA machine; < 8 minutes; results in $OUT or device_check_out/
 #   scripts/device_check.sh --cpu_smoke     # the same code, tiny sizes, on the CPU (about a minute; for tests)

@@ -11,9 +11,8 @@ import torch
 from torch.utils.flop_counter import FlopCounterMode
 
 from scripts.benchmarks import benchmark
-from scripts.benchmarks.kernels import packed_dropout
 from scripts.benchmarks.peers import run_benchmark, verdicts
-from scripts.benchmarks.report import write_results
+from scripts.benchmarks.benchmark import write_results
 from scripts.benchmarks.workloads import (
     BenchmarkSpec,
     build_models,
@@ -284,7 +283,7 @@ def test_the_parity_run_refuses_settings_it_could_not_honour_before_preparing_an
 
 
 def test_every_report_table_keeps_its_columns_when_a_cell_holds_a_bar():
-    from scripts.benchmarks.toolkit import markdown_table
+    from scripts.utils.reports import markdown_table
 
     lines = markdown_table(["system", "identical"], [["ctranslate2, beam with |Y|^alpha", "98.5%"]])
     assert lines == ["| system | identical |", "|---|---|", "| ctranslate2, beam with \\|Y\\|^alpha | 98.5% |"]
@@ -294,25 +293,7 @@ def test_every_report_table_keeps_its_columns_when_a_cell_holds_a_bar():
 
 
 def test_a_report_prints_a_load_average_or_a_dash_where_the_platform_has_none():
-    from scripts.benchmarks.toolkit import format_load
+    from scripts.utils.reports import format_load
 
     assert format_load([1.234, 0.5, 0.0]) == "1.2/0.5/0.0"
     assert format_load(None) == "–"
-
-
-@pytest.mark.parametrize("p", [0.1, 0.3])
-def test_the_packed_dropout_candidate_keeps_each_value_with_probability_1_minus_p_and_scales_it(p):
-    x = torch.full((1001, 1003), 2.0, requires_grad=True)  # a size no multiple of four
-    torch.manual_seed(0)
-    y = packed_dropout(x, p, training=True)
-    kept = y != 0
-    assert kept.float().mean().item() == pytest.approx(1 - p, abs=3e-3)  # 1e6 draws: sd 4.6e-4
-    torch.testing.assert_close(y[kept], torch.full_like(y[kept], 2 / (1 - p)))
-    y.sum().backward()
-    torch.testing.assert_close(x.grad, kept / (1 - p))
-    # Neighbouring values come from different 16-bit pieces of one random word: they must not drop together.
-    both = (~kept[:, :-1] & ~kept[:, 1:]).float().mean().item()
-    assert both == pytest.approx(p * p, abs=3e-3)
-    torch.manual_seed(0)
-    assert torch.equal(packed_dropout(x, p, training=True), y)  # the seed decides the mask
-    assert packed_dropout(x, p, training=False) is x and packed_dropout(x, 0.0, training=True) is x

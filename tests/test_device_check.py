@@ -8,6 +8,8 @@ from pathlib import Path
 import pytest
 import torch
 
+from scripts.utils.reports import device_check_report
+
 REPO = Path(__file__).resolve().parents[1]
 
 
@@ -31,8 +33,8 @@ def test_device_check_without_cuda_says_so_and_exits_cleanly(tmp_path):
 
 def test_device_check_cpu_smoke_runs_every_section(tmp_path):
     """The GPU check's code end to end on the CPU with tiny sizes: bf16 matmul, attention agreement, the bf16
-    training step at the paper's batch (ours and Marian, eager and compiled), our loss and dropout kernels against
-    torch's, `make bench`'s run on the check's device, and a 20-step `scripts/train.py --bf16` run whose loss must
+    training step at the paper's batch (ours and Marian, eager and compiled), our loss kernel against torch's,
+    `make bench`'s run on the check's device, and a 20-step `scripts/train.py --bf16` run whose loss must
     fall."""
     import json
 
@@ -67,7 +69,7 @@ def test_device_check_cpu_smoke_runs_every_section(tmp_path):
     assert tiny["eager_speed_vs_marian_eager"] == pytest.approx(speed["marian_eager"] / speed["ours_eager"])
     assert tiny["compiled_speed_vs_eager"] == pytest.approx({n: speed[f"{n}_eager"] / speed[f"{n}_compiled"]
                                                              for n in ("ours", "marian")})
-    kernels = sections["kernels"]["result"]  # both kernels against torch's, in both precisions
+    kernels = sections["kernels"]["result"]  # our loss against torch's, in both precisions
     assert [row["dtype"] for row in kernels] == ["float32", "bfloat16"]
     assert all(row["loss_gap"] < 1e-4 for row in kernels)  # our loss and F.cross_entropy's agree
     assert "| kernel (forward + backward) | dtype | ours | torch | torch / ours |" in markdown
@@ -120,7 +122,7 @@ def test_device_check_paper_batch_keeps_the_systems_that_compile_and_fails_witho
     assert result["failures"] == ["tiny: ours_compiled did not run"]
     report = {"cpu_smoke": True, "wall_s": 1.0, "ok": False, "complete": False,
               "sections": {"paper_batch_training": {"ok": False, "result": result, "error": "; ".join(result["failures"])}}}
-    markdown = device_check.render_markdown(report)
+    markdown = device_check_report(report)
     assert "| ours_eager | " in markdown and "| ours_compiled | " not in markdown
     assert "errors: tiny/ours_compiled " in markdown and "no C compiler" in markdown
     assert "**Incomplete**" in markdown and "All checks passed: **no**" in markdown

@@ -1,4 +1,5 @@
-"""Pages cannot drift: every figure a page quotes agrees with the committed results file that measured it, every flag
+"""Pages cannot drift: every figure a page quotes agrees with the committed results file that measured it, no results
+file is older than a change to the code it measured, every flag
 a page passes exists in the parser it reaches, every relative link and anchor resolves, every commit named is in the
 history; and the README stays a page a newcomer reads in five minutes. Each check is also shown failing on a planted
 error, so that none of them passes by checking nothing."""
@@ -12,7 +13,7 @@ import sys
 
 import pytest
 
-from scripts.benchmarks import pages
+from scripts.utils import page_checks, pages
 
 README = pages.ROOT / "README.md"
 
@@ -47,7 +48,7 @@ def test_a_block_with_no_renderer_is_refused():
 
 
 def test_every_flag_on_every_page_exists():
-    assert pages.wrong_flags() == []
+    assert page_checks.wrong_flags() == []
 
 
 def test_a_misspelt_flag_is_caught(tmp_path):
@@ -57,14 +58,14 @@ def test_a_misspelt_flag_is_caught(tmp_path):
         "```bash\n.venv/bin/python scripts/train.py --output_dir x \\\n    --no_such_flag 3\n```\n"
         "Inline: `python -m scripts.benchmarks.engines --model m --cpu-smoke`, and `--also_not_a_flag 1`.\n",
         encoding="utf-8")
-    found = "\n".join(line for line in pages.wrong_flags(root=tmp_path) if line.startswith("README.md"))
+    found = "\n".join(line for line in page_checks.wrong_flags(root=tmp_path) if line.startswith("README.md"))
     for flag in ("--no_such_flag", "--cpu-smoke", "--also_not_a_flag"):
         assert f"{flag} (in" in found
     assert "no --output_dir" not in found and "no --model " not in found
 
 
 def test_every_relative_link_and_anchor_resolves():
-    assert pages.broken_links() == []
+    assert page_checks.broken_links() == []
 
 
 def test_a_broken_link_or_anchor_is_caught(tmp_path):
@@ -72,7 +73,7 @@ def test_a_broken_link_or_anchor_is_caught(tmp_path):
     (tmp_path / "README.md").write_text(
         "[fine](other.md#some-heading-with-punctuation) [gone](missing.md) [bad anchor](other.md#nowhere) "
         "[web](https://example.org/x)\n", encoding="utf-8")
-    found = "\n".join(pages.broken_links(root=tmp_path))
+    found = "\n".join(page_checks.broken_links(root=tmp_path))
     assert "missing.md" in found and "#nowhere" in found
     assert "some-heading" not in found and "example.org" not in found
 
@@ -85,8 +86,8 @@ def _is_full_clone() -> bool:
 
 @pytest.mark.skipif(not _is_full_clone(), reason="needs the repository's full history (a clone, not shallow)")
 def test_every_commit_named_exists():
-    assert pages.named_commits(), "the pages name commits: the pattern must find them"
-    assert pages.missing_commits() == []
+    assert page_checks.named_commits(), "the pages name commits: the pattern must find them"
+    assert page_checks.missing_commits() == []
 
 
 @pytest.mark.skipif(not _is_full_clone(), reason="needs the repository's full history (a clone, not shallow)")
@@ -95,9 +96,46 @@ def test_a_commit_not_in_the_history_is_caught(tmp_path):
                           text=True, check=True).stdout.strip()
     (tmp_path / "README.md").write_text(f"Measured at {head}, then at 0123abc; upstream mosesdecoder@3a0631a.\n",
                                         encoding="utf-8")
-    assert set(pages.named_commits(tmp_path)) == {head, "0123abc"}
-    missing = pages.missing_commits(tmp_path, repository=pages.ROOT)
+    assert set(page_checks.named_commits(tmp_path)) == {head, "0123abc"}
+    missing = page_checks.missing_commits(tmp_path, repository=pages.ROOT)
     assert len(missing) == 1 and "0123abc" in missing[0]
+
+
+@pytest.mark.skipif(not _is_full_clone(), reason="needs the repository's full history (a clone, not shallow)")
+def test_no_figure_comes_from_code_changed_since_it_was_measured():
+    assert pages.stale_figures() == []
+
+
+def _planted(tmp_path, **environment):
+    """The README and a copy of the results whose peer benchmark says it measured `environment`."""
+    results = tmp_path / "results"
+    shutil.copytree(pages.RESULTS, results)
+    bench = json.loads((results / "results_small.json").read_text())
+    bench["environment"].update(environment)
+    (results / "results_small.json").write_text(json.dumps(bench))
+    shutil.copy(README, tmp_path / "README.md")
+    return pages.stale_figures(root=tmp_path, results=results)
+
+
+@pytest.mark.skipif(not _is_full_clone(), reason="needs the repository's full history (a clone, not shallow)")
+def test_a_figure_measured_before_its_code_changed_is_caught(tmp_path):
+    # 9a2ad7c changed the model's dropout after bf1762e: a peer benchmark of bf1762e's model is stale.
+    found = _planted(tmp_path, commit="bf1762e", measures=["vanilla_transformer/modeling_vanilla_transformer.py"])
+    glance = [line for line in found if line.startswith("README.md: block `glance`")]
+    assert len(glance) == 1 and "results_small.json measured bf1762e" in glance[0], found
+    assert "vanilla_transformer/modeling_vanilla_transformer.py changed" in glance[0]
+    assert any(line.startswith("results/results_small.md: stale") for line in found), found
+    # The same file measuring code nothing has changed since is current.
+    assert _planted(tmp_path / "current", commit="bf1762e", measures=["model_cards/README.md"]) == []
+
+
+@pytest.mark.parametrize("environment, message", [
+    ({"commit": "bf1762e+"}, "measured at bf1762e+: not a commit"),
+    ({"measures": []}, "names no code it measured"),
+])
+def test_a_figure_from_uncommitted_or_unnamed_code_is_caught(tmp_path, environment, message):
+    found = _planted(tmp_path, **environment)
+    assert any(line.startswith("README.md: block `glance`") and message in line for line in found), found
 
 
 # The README as a product page (issue 64's targets).
@@ -106,14 +144,14 @@ README_FIGURES_ALLOWED = {"3.10", "2.6", "5.23", "2.13.0", "0.02", "0.6", "1706.
 
 def _readme_prose() -> str:
     text = pages.BLOCK.sub("", README.read_text(encoding="utf-8"))
-    return pages.FENCE.sub("", text)
+    return page_checks.FENCE.sub("", text)
 
 
 def test_the_readme_quotes_no_figure_outside_its_rendered_blocks():
     figures = set(re.findall(r"(?<![\w.§-])\d+\.\d+(?:\.\d+)?", _readme_prose()))
     assert figures <= README_FIGURES_ALLOWED, (
         f"typed figures {sorted(figures - README_FIGURES_ALLOWED)}: render them from results "
-        "(scripts/benchmarks/pages.py) or, for a constant of the paper or a version, allow them here")
+        "(scripts/utils/pages.py) or, for a constant of the paper or a version, allow them here")
 
 
 def test_the_readme_reads_in_five_minutes():

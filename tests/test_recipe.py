@@ -199,9 +199,16 @@ def corpus(tmp_path_factory) -> Path:
 def test_the_multi30k_recipe_ends_in_an_averaged_scored_folder_that_translate_py_uses(corpus, tmp_path):
     output = tmp_path / "m30k"
     started = time.time()
-    results = multi30k_recipe()["main"]([
+    # --record writes into the results folder the pages render; here a folder of the test's, and the commit that the
+    # run would take from a clean tree (this test's tree may hold uncommitted work). run_path hands back a copy of
+    # the module's globals: the functions' own are patched.
+    recipe = multi30k_recipe()["main"].__globals__
+    recipe["ROOT"], recipe["RESULTS"] = tmp_path, tmp_path / "results"
+    recipe["RESULTS"].mkdir()
+    recipe["measured_environment"] = lambda parser: {"commit": "0123abc", "measures": list(recipe["MEASURES"])}
+    results = recipe["main"]([
         "--output_dir", str(output), "--data_dir", str(corpus), "--test_source_file", str(corpus / "heldout.en"),
-        "--test_target_file", str(corpus / "heldout.de"),
+        "--test_target_file", str(corpus / "heldout.de"), "--record",
         # train.py flags win over the recipe's: a tiny model, a few steps, still more checkpoints than averaged.
         "--preset", "tiny", "--vocab_size", "300", "--max_steps", "6", "--save_steps", "1", "--eval_steps", "3",
         "--noam_warmup_steps", "2", "--per_device_eval_batch_size", "8"])
@@ -245,6 +252,15 @@ def test_the_multi30k_recipe_ends_in_an_averaged_scored_folder_that_translate_py
     first, second = [entry for entry in state["log_history"] if "eval_bleu" in entry]
     assert first["eval_runtime"] / 60 <= first["minutes"]
     assert first["minutes"] + second["eval_runtime"] / 60 <= second["minutes"] <= saved["minutes"]
+    # The run's own record, which the pages render: what ran, its scores and its validation curve.
+    record = json.loads((tmp_path / "results" / "multi30k_ours.json").read_text())
+    assert record["command"].startswith("python scripts/recipes/multi30k_en_de.py --output_dir") and "--record" in record["command"]
+    assert record["environment"] == {"commit": "0123abc", "measures": ["vanilla_transformer", "scripts/recipes/multi30k_en_de.py"]}
+    assert (record["recipe"], record["updates"], record["seed"]) == ("ours", 6, 42)
+    assert record["scores"]["validation"]["sacrebleu"] == saved["validation"]["bleu"]
+    assert record["scores"]["heldout"]["multi30k_bleu"] == held_out["multi30k_bleu"]["bleu"]
+    assert [(point["step"], point["eval_bleu"], point["eval_loss"]) for point in record["curve"]] == [
+        (entry["step"], entry["eval_bleu"], entry["eval_loss"]) for entry in (first, second)]
 
     command = [sys.executable, str(ROOT / "scripts" / "translate.py"), "--model", str(output), "--num_beams", "1",
                "--max_new_tokens", "8"]

@@ -17,9 +17,16 @@ os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
 from vanilla_transformer.configuration_vanilla_transformer import PRESETS  # noqa: E402
 
+from scripts.utils.reports import peer_report, write_report  # noqa: E402
+
 from .peers import run_benchmark  # noqa: E402
-from .report import render_markdown, write_results  # noqa: E402
 from .workloads import BenchmarkSpec  # noqa: E402
+
+
+def write_results(results: dict, output_dir: str | Path) -> dict[str, Path]:
+    """results_<preset>[_bf16].json and its report, `peer_report`."""
+    name = f"results_{results['spec']['preset']}{'_bf16' if results['spec'].get('bf16') else ''}"
+    return write_report(Path(output_dir) / name, results, peer_report(results))
 
 
 def main(argv=None):
@@ -42,7 +49,7 @@ def main(argv=None):
     spec = BenchmarkSpec.quick(**overrides) if args.quick else BenchmarkSpec(**overrides)
     results = run_benchmark(spec)
     paths = write_results(results, args.output_dir)
-    print(render_markdown(results))
+    print(peer_report(results))
     print("wrote " + ", ".join(str(p) for p in paths.values()))
 
 

@@ -1,15 +1,10 @@
-"""The data stage at WMT14's size: minutes and peak memory of each stage of `scripts/train.py` (read, vocabulary,
-tokenize, plan, first step) and of the whole command, cold (an empty datasets cache) and warm (the same data, the
-first run's vocabulary, a new output folder), at 0.45M and 4.5M pairs: Multi30k's training pairs repeated.
+"""The data stage at WMT14's size: minutes and peak memory of each stage of scripts/train.py's `run()` (`STAGES`)
+and of the whole command, cold (an empty datasets cache) and warm (the first run's vocabulary), each in a process of
+its own, on Multi30k's training pairs repeated. The corpora and runs go to --work_dir, never into the repository:
+the data is for research use only.
 
     python -m scripts.benchmarks.data_stage                       # 0.45M and 4.5M pairs, about 10 minutes on 2 cores
     python -m scripts.benchmarks.data_stage --pairs 100000        # a quick look
-
-Each run is scripts/train.py's `run()` with the base preset, a 37,000-token vocabulary, 4,000-token batches and 2
-steps, in a process of its own, timed stage by stage by `StageClock` (run's `on_stage_end`, and a Trainer callback
-for the first step); its peak RSS is the largest of its processes (the main one or a tokenizing worker), as
-`/usr/bin/time -v` reports it. The corpora and runs go to --work_dir (never into the repository: the data is for
-research use only).
 """
 
 from __future__ import annotations
@@ -28,32 +23,20 @@ from pathlib import Path
 
 from transformers import TrainerCallback
 
-from .toolkit import (MODEL_CODE, command_line, cpu_slug, environment, format_load, markdown_table, multi30k_missing,
-                      write_report)
+from scripts.utils.reports import data_stage_report, write_cpu_report
+
+from .toolkit import MODEL_CODE, command_line, environment, multi30k_missing
 
 ROOT = Path(__file__).resolve().parents[2]
 MULTI30K = ROOT.parent / "shared" / "data" / "multi30k"
-RESULTS = Path(__file__).with_name("results")
 STAGES = ("read", "vocabulary", "tokenize", "plan", "first_step")
 TRAIN_FLAGS = ["--preset", "base", "--vocab_size", "37000", "--max_tokens_per_batch", "4000", "--max_steps", "2",
                "--eval_strategy", "no", "--save_strategy", "no", "--report_to", "none", "--logging_steps", "1"]
 
 
-def write_corpus(folder: Path, pairs: int) -> dict[str, Path]:
-    """Multi30k's training pairs repeated to `pairs` lines, as train.en / train.de in `folder` (kept between runs)."""
-    files = {lang: folder / f"train.{lang}" for lang in ("en", "de")}
-    if not all(path.is_file() for path in files.values()):
-        folder.mkdir(parents=True, exist_ok=True)
-        for lang, path in files.items():
-            lines = (MULTI30K / f"train.{lang}").read_text(encoding="utf-8").splitlines(keepends=True)
-            with open(path, "w", encoding="utf-8") as out:
-                out.writelines(itertools.islice(itertools.cycle(lines), pairs))
-    return files
-
-
 class StageClock(TrainerCallback):
-    """Seconds and peak memory (MiB, this process or its largest worker) at the end of each stage of a run, up to
-    the first optimizer step."""
+    """Seconds and peak memory (MiB, this process or its largest worker) at the end of each stage of a run (`run()`'s
+    `on_stage_end`), up to the first optimizer step."""
 
     def __init__(self):
         self.started = self.last = time.perf_counter()
@@ -83,7 +66,8 @@ def timed_training(argv: list[str]):
 
 
 def timed_run(files: dict[str, Path], output_dir: Path, cache: Path, extra: list[str]) -> dict:
-    """scripts/train.py's run in a fresh process: its stage times, wall time and peak RSS."""
+    """scripts/train.py's run in a fresh process: its stage times, wall time and peak RSS (of its largest process,
+    as `/usr/bin/time -v` reports it)."""
     flags = ["--output_dir", str(output_dir), "--train_source_file", str(files["en"]),
              "--train_target_file", str(files["de"]), *TRAIN_FLAGS, *extra]
     command = [sys.executable, "-c", "import sys; from scripts.benchmarks.data_stage import timed_training; "
@@ -104,30 +88,21 @@ def timed_run(files: dict[str, Path], output_dir: Path, cache: Path, extra: list
 
 
 def measure(pairs: int, work_dir: Path) -> dict:
-    files = write_corpus(work_dir / f"corpus_{pairs}", pairs)
+    """Cold and warm runs on Multi30k's training pairs repeated to `pairs` lines (the corpus kept between runs)."""
+    folder = work_dir / f"corpus_{pairs}"
+    files = {lang: folder / f"train.{lang}" for lang in ("en", "de")}
+    if not all(path.is_file() for path in files.values()):
+        folder.mkdir(parents=True, exist_ok=True)
+        for lang, path in files.items():
+            lines = (MULTI30K / f"train.{lang}").read_text(encoding="utf-8").splitlines(keepends=True)
+            with open(path, "w", encoding="utf-8") as out:
+                out.writelines(itertools.islice(itertools.cycle(lines), pairs))
     cache, runs = work_dir / f"cache_{pairs}", work_dir / f"runs_{pairs}"
     for folder in (cache, runs):
         shutil.rmtree(folder, ignore_errors=True)
     cold = timed_run(files, runs / "cold", cache, [])
     warm = timed_run(files, runs / "warm", cache, ["--tokenizer_name_or_path", str(runs / "cold")])
     return {"pairs": pairs, "cold": cold, "warm": warm}
-
-
-def render(results: dict) -> str:
-    rows = []
-    for size in results["sizes"]:
-        for kind in ("cold", "warm"):
-            run = size[kind]
-            cells = [f"{run['stages'][stage]['seconds']:.1f} s / {run['stages'][stage]['peak_rss_mib']:,}"
-                     if stage in run["stages"] else "-" for stage in STAGES]
-            rows.append([f"{size['pairs']:,}", kind, *cells, f"{run['seconds'] / 60:.2f} min",
-                         f"{run['peak_rss_mib']:,} MiB"])
-    env = results["environment"]
-    return "\n".join([
-        "# The data stage at WMT14's size", "",
-        f"`{results['command']}` on {env['cpu']} ({env['cores_available']} cores), load average at the start "
-        f"{format_load(env['load_average_at_start'])}. Each cell: seconds in that stage / peak RSS (MiB) so far.", "",
-        *markdown_table(["pairs", "cache", *STAGES, "whole command", "peak RSS"], rows), ""])
 
 
 def main(argv: list[str] | None = None) -> dict:
@@ -139,10 +114,10 @@ def main(argv: list[str] | None = None) -> dict:
     args = parser.parse_args(argv)
     if (reason := multi30k_missing(MULTI30K)) is not None:
         parser.error(reason)
-    results = {"command": command_line("data_stage", argv), "environment": environment(measures=("vanilla_transformer/data", "vanilla_transformer/training", *MODEL_CODE)),
+    measured = ("vanilla_transformer/data", "vanilla_transformer/training", *MODEL_CODE)
+    results = {"command": command_line("data_stage", argv), "environment": environment(measures=measured),
                "sizes": [measure(pairs, args.work_dir) for pairs in args.pairs]}
-    write_report(args.report or RESULTS / f"data_stage_{cpu_slug(results['environment'])}", results, render(results))
-    print(render(results))
+    write_cpu_report("data_stage", args.report, results, data_stage_report(results))
     return results
 
 

@@ -1,10 +1,9 @@
-"""The GPU acceptance check, run through scripts/device_check.sh (whose header lists the sections), each section a
-call into the measurement toolkit. The paper-batch section trains at §5.1's batch (about 25,000 source and 25,000
-target tokens: ~1,040 rows of 32 positions a side, lengths uniform in [16, 32] as in Multi30k, padded to 32) as
-Trainer --bf16 trains (autocast over fp32 weights, fused Adam, dropout on, SDPA); `scripts/recipes/wmt14_en_de.py
---cost_table` projects the paper's runs from it. The report (device_check.json and .md in $OUT, else --out, else
-device_check_out/) is rewritten after every section, so a run stopped by the wrapper's time limit keeps what it
-measured. `--cpu_smoke` runs the same code on the CPU with tiny sizes, for the tests; its numbers mean nothing.
+"""The GPU acceptance check, run through scripts/device_check.sh (whose header lists the sections). The paper-batch
+section trains at §5.1's batch (~25,000 source and target tokens: ~1,040 rows of 32 positions a side, lengths uniform
+in [16, 32] as in Multi30k) as Trainer --bf16 trains; `scripts/recipes/wmt14_en_de.py --cost_table` projects the
+paper's runs from it. The report (device_check.json and .md in --out, else $OUT, else device_check_out/) is rewritten
+after every section, so a run stopped by the wrapper's time limit keeps what it measured. `--cpu_smoke` runs the same
+code on the CPU with tiny sizes, for the tests; its numbers mean nothing.
 """
 
 import argparse
@@ -13,7 +12,6 @@ import dataclasses
 import gc
 import json
 import os
-import re
 import subprocess
 import sys
 import tempfile
@@ -26,8 +24,9 @@ import torch.nn.functional as F
 
 from vanilla_transformer.training import paper_adam
 
-from . import kernels, peers, report, toolkit, workloads
-from .toolkit import markdown_table
+from scripts.utils.reports import device_check_report, write_report
+
+from . import kernels, peers, toolkit, workloads
 
 REPO = Path(__file__).resolve().parents[2]
 # The paper-batch step's speed-ups (`peers.compiled_training`'s), > 1: ours (compiled, or eager) faster.
@@ -35,12 +34,11 @@ RATIOS = ("compiled_speed_vs_marian_compiled", "compiled_speed_vs_eager", "eager
 
 GPU_SETTINGS = dict(
     attention=dict(preset="base", vocab_size=37000), matmul_size=8192, matmul_repeats=10,
-    # 4 inductor compiles (~40-70 s each with 16 cores) dominate this section's few minutes; a preset not
-    # started `start_by_s` seconds into the check is skipped, so that a slow compile cannot run the whole
-    # check into the wrapper's 470 s kill.
+    # A preset not started `start_by_s` seconds into the check is skipped: its inductor compiles (~40-70 s each
+    # with 16 cores) must not run the check into the wrapper's 470 s kill.
     paper=dict(presets=("base", "big"), vocab_size=37000, tokens=25000, width=32, warmup_steps=3, timed_steps=8,
                compile_backend=None, start_by_s=250),
-    kernels=dict(tokens=25000, vocab_size=37000, d_model=512, dropout=0.1, label_smoothing=0.1, repeats=10),
+    kernels=dict(tokens=25000, vocab_size=37000, label_smoothing=0.1, repeats=10),
     # BenchmarkSpec fields; the benchmark's compiled training step is left to the paper-batch section.
     benchmark=dict(preset="base", vocab_size=37000, batch_size=64, source_length=32, target_length=32,
                    generation_batch_size=64, new_tokens=30, repeats=3, matmul_size=8192, compile_backend=None),
@@ -51,7 +49,7 @@ CPU_SMOKE_SETTINGS = dict(
     attention=dict(preset="tiny", vocab_size=1000), matmul_size=256, matmul_repeats=2,
     paper=dict(presets=("tiny",), vocab_size=1000, tokens=96, width=8, warmup_steps=0, timed_steps=1,
                compile_backend="aot_eager", start_by_s=300),
-    kernels=dict(tokens=64, vocab_size=1000, d_model=64, dropout=0.1, label_smoothing=0.1, repeats=1),
+    kernels=dict(tokens=64, vocab_size=1000, label_smoothing=0.1, repeats=1),
     benchmark=dict(preset="tiny", vocab_size=1000, batch_size=4, source_length=8, target_length=8,
                    generation_batch_size=2, new_tokens=4, repeats=1, warmup=0, matmul_size=128, compile_backend=None),
     run=dict(preset="tiny", vocab_size=300, max_steps=20, batch=16, warmup=8, train_samples=320,
@@ -72,8 +70,6 @@ def flash_implementations() -> list[str]:
                                          ("flash_attention_3", is_flash_attn_3_available)) if available()]
 
 
-# Sections ------------------------------------------------------------------------------------------------
-
 def environment(device) -> dict:
     import accelerate
 
@@ -88,9 +84,8 @@ def matmul_peak(device, size, repeats) -> dict:
 
 
 def attention_agreement(device, s) -> dict:
-    """Max |logits - fp32 eager logits| of eager, SDPA and (when installed) flash-attention in fp32 and bf16 on a
-    padded batch, and of SDPA forced onto each of its kernels on an unpadded one (bf16); the scale is max |fp32
-    logits|."""
+    """Max |logits - fp32 eager logits| of eager, SDPA and flash-attention (when installed) in fp32 and bf16 on a
+    padded batch, and of SDPA on each of its kernels on an unpadded one (bf16); the scale: max |fp32 logits|."""
     spec = spec_on(device, **s["attention"], batch_size=8, source_length=32, target_length=24,
                    config_overrides={"dropout": 0.0})
     config = workloads.model_config(spec)
@@ -126,8 +121,8 @@ def attention_agreement(device, s) -> dict:
 
 
 def step_peak_gib(step, device) -> float | None:
-    """Peak memory of one training step (`make_train_step`'s) as if its system were alone on the device: the
-    step's peak less what the other systems keep (weights, gradients and optimizer state of their own)."""
+    """Peak memory of one training step (`make_train_step`'s) as if its system were alone on the device: less what
+    the other systems keep (their weights, gradients and optimizer state)."""
     if device.type != "cuda":
         return None
     params = list({id(p): p for p in step.model.parameters()}.values())
@@ -142,9 +137,8 @@ def step_peak_gib(step, device) -> float | None:
 
 
 def paper_batch_preset(spec, batch, peak_tflops, errors) -> dict:
-    """One preset of `paper_batch_training`: `peers.compiled_training` with the paper's optimizer under bf16
-    autocast, and per system its MFU and peak memory. A system whose first step (its compilation) fails is
-    recorded in `errors` and left out."""
+    """One preset of `paper_batch_training`: `peers.compiled_training` under bf16 autocast, and per system its MFU
+    and peak memory; a system whose first step (its compilation) fails is left out, its error in `errors`."""
     device, models = torch.device(spec.device), workloads.build_models(spec)
     # Trainer's default optimizer on a GPU (adamw_torch_fused) with the paper's betas and epsilon (§5.3).
     steps = workloads.training_steps(models, batch, spec.compile_backend, autocast=torch.bfloat16,
@@ -168,9 +162,8 @@ def paper_batch_preset(spec, batch, peak_tflops, errors) -> dict:
 
 
 def paper_batch_training(device, s, peak_tflops, start_by) -> dict:
-    """The bf16 training step at the paper's batch, ours and Marian, eager and compiled (see the module
-    docstring). `failures` lists what makes the section fail: a non-finite loss, or a preset whose compiled
-    ours did not run (not started past `start_by`, a perf_counter time, or failed to compile)."""
+    """The bf16 training step at the paper's batch, ours and Marian, eager and compiled. `failures`: a non-finite
+    loss, or a preset whose compiled ours did not run (not started by `start_by`, a perf_counter time, or failed)."""
     p = s["paper"]
     # Real lengths average 3/4 of the width, so this many rows hold about `tokens` real tokens a side.
     rows = round(p["tokens"] / (0.75 * p["width"]))
@@ -189,8 +182,7 @@ def paper_batch_training(device, s, peak_tflops, start_by) -> dict:
         if time.perf_counter() > start_by:
             result["errors"][preset] = f"not started: past {p['start_by_s']} s into the check"
             continue
-        # A fresh dynamo per preset: the two models' shared transformers wrappers then never near the recompile
-        # limit, and no compiled graph outlives its model.
+        # A fresh dynamo per preset: the models' shared transformers wrappers stay far from the recompile limit.
         torch._dynamo.reset()
         try:
             result["presets"][preset] = paper_batch_preset(dataclasses.replace(spec, preset=preset), batch,
@@ -237,76 +229,9 @@ def training_run(device, s, cpu_smoke: bool) -> dict:
             "loss_falls": losses[-1][1] < 0.9 * losses[0][1], "loss_curve": losses, "test_bleu": test.get("bleu")}
 
 
-# Report --------------------------------------------------------------------------------------------------
-
-def _flat(value) -> bool:
-    """A number, string or bool, or a dict of them: what fits on one line."""
-    return not isinstance(value, (dict, list)) or isinstance(value, dict) and not any(
-        isinstance(v, (dict, list)) for v in value.values())
-
-
-def _fmt(value):
-    if isinstance(value, dict):
-        return ", ".join(f"{key} {_fmt(v)}" for key, v in value.items())
-    if value is None or isinstance(value, str):
-        return " ".join((value or "–").split())[:300]  # an error's traceback: its start, on one line
-    if isinstance(value, bool):
-        return "yes" if value else "no"
-    return f"{value:,}" if isinstance(value, int) else f"{value:,.4g}"
-
-
-def _table(records: list[dict]) -> list[str]:
-    """Records with the same keys as a markdown table, the keys its header."""
-    return markdown_table(list(records[0]), [[_fmt(value) for value in r.values()] for r in records])
-
-
-def _render(result, depth: int = 3) -> list[str]:
-    """A section's result as markdown: a list of records as a table; a dict's flat values on one line, then each of
-    its other values under a heading of its name: a dict of flat records (the systems) as a table with their names
-    first, anything else in turn."""
-    if isinstance(result, list):
-        return _table(result) if result and isinstance(result[0], dict) else [str(result)]
-    flat = {key: value for key, value in result.items() if _flat(value) and value != {}}
-    lines = ["; ".join(f"{key}: {_fmt(value)}" for key, value in flat.items()), ""] if flat else []
-    for key, value in result.items():
-        if key not in flat and value:
-            records = isinstance(value, dict) and all(isinstance(v, dict) and _flat(v) for v in value.values())
-            body = _table([{"name": k, **v} for k, v in value.items()]) if records else _render(value, depth + 1)
-            lines += [f"{'#' * depth} {key}", "", *body, ""]
-    return lines
-
-
-RENDERERS = {  # the sections rendered their own way
-    "kernels": kernels.kernel_table,
-    # make bench's report under its own headings, one level down.
-    "benchmark": lambda r: ["#" + line if line.startswith("#") else line
-                            for line in report.render_markdown(r).splitlines()],
-}
-
-
-def render_markdown(check: dict) -> str:
-    env = check.get("environment", {})
-    lines = [f"# vanilla_transformer device check "
-             f"({'CPU smoke, numbers mean nothing' if check['cpu_smoke'] else env.get('gpu', '?')})", "",
-             f"torch {env.get('torch')} (CUDA {env.get('cuda_build')}), transformers {env.get('transformers')}, "
-             f"accelerate {env.get('accelerate')}; flash-attention packages: "
-             f"{env.get('flash_attention_packages') or 'none'}; total {check['wall_s']:.0f} s", ""]
-    for name, section in check["sections"].items():
-        if section.get("result") and name != "environment":
-            heading = [] if name == "benchmark" else [f"## {name}", ""]
-            lines += [*heading, *RENDERERS.get(name, _render)(section["result"]), ""]
-    problems = [f"- **{k}**: {v.get('error', 'failed')[:1000]}" for k, v in check["sections"].items() if not v["ok"]]
-    lines += ["## Problems", "", *problems, ""] if problems else []
-    if not check.get("complete", True):
-        lines += [f"**Incomplete**: written after {len(check['sections'])} sections; the check had not finished.", ""]
-    return re.sub(r"\n{3,}", "\n\n", "\n".join([*lines, f"All checks passed: **{_fmt(check['ok'])}**"])) + "\n"
-
-
-# The check ------------------------------------------------------------------------------------------------
-
 class Check:
-    """The sections run one after another, each timed, its result or error recorded and the report rewritten; one
-    failing section does not stop the others, and none starts past the time budget."""
+    """The sections one after another, each timed, its result or error recorded and the report rewritten; a failing
+    section does not stop the others, and none starts past the time budget."""
 
     def __init__(self, cpu_smoke: bool, out_dir: Path, budget_s: float):
         self.out_dir, self.budget_s, self.start = out_dir, budget_s, time.perf_counter()
@@ -316,8 +241,8 @@ class Check:
     def save(self, complete=False):
         self.report.update(wall_s=time.perf_counter() - self.start, complete=complete)
         self.report["ok"] = complete and all(v["ok"] for v in self.report["sections"].values())
-        markdown = render_markdown(self.report)
-        return markdown, toolkit.write_report(self.out_dir / "device_check", self.report, markdown)
+        markdown = device_check_report(self.report)
+        return markdown, write_report(self.out_dir / "device_check", self.report, markdown)
 
     def section(self, name, fn, *args, check=None):
         """Run `fn(*args)` as section `name`; `check(result)` may name a failure (or return None)."""

@@ -1,13 +1,12 @@
-"""Every engine a trained model runs on, through the one translation loop (`vanilla_transformer.tools.engines`):
-`generate()`, its ONNX export on onnxruntime and its CTranslate2 export (float32 and int8 each); transformers.js in
-Node (in a browser: tests/test_onnx.py).
+"""Every engine a trained model runs on, through one translation loop (`vanilla_transformer.tools.engines`):
+`generate()`, onnxruntime and CTranslate2 (float32 and int8 each), and transformers.js in Node.
 
     python -m scripts.benchmarks.engines --demo_model demo_output/model --model runs/multi30k
 
 Per model (the demo model on the built-in test split, the Multi30k model on its validation set): the exports' outputs
 against `generate()`'s (CTranslate2, which has no GNMT penalty, against `generate()` ranking by |Y|^alpha), BLEU and
-file sizes. Speed (the Multi30k model, else the demo's), greedy and beam 4 in batches of 64: each system in a fresh
-process of its own per repetition, the order alternating, since a live runtime's threads slow whatever runs beside it.
+file sizes. Speed (the Multi30k model, else the demo's): each system in a fresh process per repetition, since a live
+runtime's threads slow whatever runs beside it.
 """
 
 import argparse
@@ -34,8 +33,10 @@ from vanilla_transformer.tools.onnx import export_onnx  # noqa: E402
 from vanilla_transformer.tools.translation import GenerateTranslator  # noqa: E402
 from vanilla_transformer.training.metrics import corpus_scores  # noqa: E402
 
-from .toolkit import (ENGINE_CODE, command_line, cpu_slug, describe_cpu, environment, load_multi30k, markdown_table,  # noqa: E402
-                      multi30k_missing, time_interleaved, write_report)
+from scripts.utils.reports import engines_report, write_cpu_report  # noqa: E402
+
+from .toolkit import (ENGINE_CODE, command_line, environment, load_multi30k, multi30k_missing,  # noqa: E402
+                      time_interleaved)
 
 ROOT = Path(__file__).resolve().parents[2]
 CLIENT = ROOT / "scripts" / "transformers_js"
@@ -45,12 +46,6 @@ DECODINGS = {"greedy": 1, "beam 4": 4}
 
 def identity(a: list[str], b: list[str]) -> float:
     return sum(x == y for x, y in zip(a, b)) / len(a)
-
-
-def export_all(model_dir, work: Path) -> dict[str, Path]:
-    return {"onnx": export_onnx(model_dir, work / "onnx", quantize="int8"),
-            "ct2 float32": export_ctranslate2(model_dir, work / "ct2_fp32"),
-            "ct2 int8": export_ctranslate2(model_dir, work / "ct2_int8", quantization="int8")}
 
 
 def systems(model_dir, exports) -> dict[str, tuple]:
@@ -93,8 +88,8 @@ def quality(name, model_dir, exports, sources, references, threads) -> dict:
 
 
 def time_system(engine, folder, quantized, sources, threads) -> tuple[int, dict[str, list[float]]]:
-    """This process's id, and the seconds of one call of each decoding of `sources` by one system, after a warm-up
-    call of each. Run it in a fresh process: there no other runtime's threads compete with this one's."""
+    """This process's id, and the seconds of one call of each decoding of `sources` by one system after a warm-up
+    call; run in a fresh process, where no other runtime's threads compete."""
     torch.set_num_threads(threads)
     translator = load_translator(engine, folder, quantized=quantized, threads=threads)
     tasks = {label: partial(translator.translate, sources, BATCH_SIZE, num_beams=beams)
@@ -104,9 +99,8 @@ def time_system(engine, folder, quantized, sources, threads) -> tuple[int, dict[
 
 
 def speed(model_dir, exports, sources, threads, repeats) -> dict:
-    """Every system in a fresh process per repetition (`time_system`), the systems' order alternating between
-    repetitions as `time_interleaved` alternates it: the medians and their speed against `generate()`'s, and how many
-    processes (none of them this one) ran them."""
+    """Every system in a fresh process per repetition (`time_system`), the order alternating as in
+    `time_interleaved`: medians, speed against `generate()`'s, and how many processes (none this one) ran them."""
     named = systems(model_dir, exports)
     times, processes = {name: {label: [] for label in DECODINGS} for name in named}, set()
     for rep in range(repeats):
@@ -124,7 +118,7 @@ def speed(model_dir, exports, sources, threads, repeats) -> dict:
     return {"processes": len(processes - {os.getpid()}), "rows": rows}
 
 
-def transformers_js(export_dir, sources, ours, dtype="fp32"):
+def transformers_js(export_dir, sources, ours, dtype):
     """transformers.js's greedy translations (Node) against `ours`, our greedy generate()'s of the same sources."""
     with tempfile.NamedTemporaryFile("w", suffix=".txt", delete=False) as file:
         file.write("\n".join(sources) + "\n")
@@ -139,17 +133,14 @@ def transformers_js(export_dir, sources, ours, dtype="fp32"):
 
 
 def evaluation_sets(args) -> dict[str, tuple]:
-    """The models found, each with its sources and references: the demo model on the built-in test split, the
-    Multi30k model on Multi30k's validation set."""
+    """The models found, each with its evaluation set's sources and references."""
     sets = {}
     if Path(args.demo_model, "config.json").is_file():
         test = build_builtin_task()["test"]["translation"]
         sets["demo"] = (args.demo_model, [p["en"] for p in test], [p["de"] for p in test])
     else:
         print(f"demo model skipped: no model in {args.demo_model} (make demo)")
-    reason = multi30k_missing(args.data_dir) or (None if Path(args.model, "config.json").is_file()
-                                                 else f"no trained model in {args.model}")
-    if reason is None:
+    if (reason := multi30k_missing(args.data_dir, args.model)) is None:
         validation = load_multi30k(args.data_dir)["validation"]["translation"]
         sets["multi30k"] = (args.model, [p["en"] for p in validation], [p["de"] for p in validation])
     else:
@@ -176,11 +167,13 @@ def main(argv=None):
     if not sets:
         print("skipped: no model to export")
         return None
-    work, results = Path(tempfile.mkdtemp(prefix="vt_engines_")), {"environment": environment(measures=ENGINE_CODE), "models": {}}
-    exports = {}
+    work, exports = Path(tempfile.mkdtemp(prefix="vt_engines_")), {}
+    results = {"environment": environment(measures=ENGINE_CODE), "models": {}}
     for name, (model_dir, sources, references) in sets.items():
-        started = time.perf_counter()
-        exports[name] = export_all(model_dir, work / name)
+        started, folder = time.perf_counter(), work / name
+        exports[name] = {"onnx": export_onnx(model_dir, folder / "onnx", quantize="int8"),
+                         "ct2 float32": export_ctranslate2(model_dir, folder / "ct2_fp32"),
+                         "ct2 int8": export_ctranslate2(model_dir, folder / "ct2_int8", quantization="int8")}
         results["models"][name] = {"export_seconds": time.perf_counter() - started,
                                    **quality(name, model_dir, exports[name], sources, references, args.threads)}
     if "demo" in sets and (CLIENT / "node_modules").is_dir() and shutil.which("node"):
@@ -195,46 +188,9 @@ def main(argv=None):
     for model in results["models"].values():
         model.pop("greedy_generate")
     command = command_line("engines", argv)
-    output = args.output or f"scripts/benchmarks/results/engines_{cpu_slug(results['environment'])}"
-    paths = write_report(output, {"command": command, **results}, render(results, command))
-    print(paths["md"].read_text())
+    write_cpu_report("engines", args.output, {"command": command, **results}, engines_report(results, command))
     shutil.rmtree(work, ignore_errors=True)
     return results
-
-
-def render(results, command):
-    env, s = results["environment"], results["speed"]
-    lines = ["# Engines: generate(), onnxruntime, CTranslate2, transformers.js", "", f"`{command}`", "",
-             f"{describe_cpu(env)}, commit {env.get('commit')}, torch {env['torch']}.", "",
-             f"## Speed: {s['sentences']} {s['model']} sentences in batches of {s['batch_size']}, {s['threads']} "
-             f"threads, each system to its own end, timed in a fresh process of its own ({s['processes']} "
-             "processes)", "",
-             *markdown_table(["decoding", "system", "ms", "sentences/s", "vs generate()"],
-                             [[label, name, f"{r['ms']:.0f}", f"{r['sentences_per_s']:.1f}",
-                               f"{r['speed_vs_generate']:.2f}x"]
-                              for label, systems in s["rows"].items() for name, r in systems.items()]), ""]
-    for name, r in results["models"].items():
-        lines += [f"## {name}: {r['sentences']} sentences", "",
-                  f"Exports (ONNX float32 and int8, CTranslate2 float32 and int8, each verified): "
-                  f"{r['export_seconds']:.0f} s. Shares of the sentences on which two systems give the same "
-                  f"translation (saved beam: {r['num_beams_as_saved']}):", "",
-                  *markdown_table(["export, decoding", "identical to generate()"],
-                                  [[what, f"{rate:.1%}"] for what, rate in r["identity"].items()]), "",
-                  *markdown_table(["system, decoding", "BLEU"], [[k, f"{bleu:.2f}"] for k, bleu in r["bleu"].items()]),
-                  "", *markdown_table(["file", "MB"], [[f, f"{size / 1e6:.2f}"] for f, size in r["files"].items()])]
-        if r["differences"]:
-            lines += ["", "Where the ONNX float32 export's beam output differs (first 10):", "",
-                      *markdown_table(["source", "ours", "onnx"], [[d["source"], d["ours"], d["onnx"]]
-                                                                   for d in r["differences"]])]
-        lines.append("")
-    return "\n".join(lines + _render_clients(results)) + "\n"
-
-
-def _render_clients(results) -> list[str]:
-    return [line for js in results.get("transformers.js", []) for line in (
-        f"transformers.js 4.3.2 in Node ({js['dtype']}), {js['sentences']} built-in test sentences, greedy: "
-        f"**{js['identity_vs_our_greedy']:.1%}** identical to our greedy generate()"
-        f"{'' if js['dtype'] == 'fp32' else ' (float32)'}; {js['seconds_with_node_start']:.0f} s.", "")]
 
 
 if __name__ == "__main__":

@@ -1,5 +1,5 @@
-"""Peak memory of a workload: the growth of the process' resident set above where it stood before, each system
-in a fresh subprocess (see `measure_memory`)."""
+"""Peak memory of a workload: the growth of the resident set above where it stood before, each system in a fresh
+subprocess (`measure_memory`)."""
 
 from __future__ import annotations
 
@@ -31,11 +31,9 @@ def _rss_kib(field: str) -> int:
 
 
 def peak_growth_mib(fn: Callable) -> float:
-    """How far the resident set grows above where it stood before `fn`, at its highest, in MiB.
-
-    Linux resets a process's high-water mark (VmHWM) when "5" is written to /proc/self/clear_refs, so the mark
-    read after `fn` is the peak of `fn` alone. Run it where glibc returns freed blocks to the system (see
-    `measure_memory`), or memory freed earlier and reused would hide part of the peak."""
+    """How far the resident set grows above where it stood before `fn`, at its highest, in MiB: Linux resets the
+    high-water mark (VmHWM) when "5" is written to /proc/self/clear_refs. Run it where glibc returns freed blocks to
+    the system (`measure_memory`), or memory freed earlier and reused would hide part of the peak."""
     gc.collect()
     with open("/proc/self/clear_refs", "w") as clear_refs:
         clear_refs.write("5")
@@ -46,9 +44,8 @@ def peak_growth_mib(fn: Callable) -> float:
 
 
 def memory_workloads(spec: BenchmarkSpec, system: str) -> dict[str, float]:
-    """Peak growth of each workload of one system, each after a warm-up call (the training warm-up also creates
-    AdamW's state, so the measured step holds parameters and optimizer state before it starts and counts
-    gradients, activations and temporaries)."""
+    """Peak growth of each workload of one system, each after a warm-up call (which creates AdamW's state: the
+    measured step counts gradients, activations and temporaries)."""
     torch.set_num_threads(spec.threads)
     models = build_models(spec)
     if system != "marian":  # the uncached system decodes with ours
@@ -67,7 +64,7 @@ def memory_workloads(spec: BenchmarkSpec, system: str) -> dict[str, float]:
 
 
 def memory_worker():
-    """Entry point of the measuring subprocess: a spec and systems as JSON on stdin, results as JSON on stdout."""
+    """The measuring subprocess: a spec and systems as JSON on stdin, results as JSON on stdout."""
     request = json.loads(sys.stdin.read())
     spec = BenchmarkSpec(**request["spec"])
     print(json.dumps({system: memory_workloads(spec, system) for system in request["systems"]}))
@@ -77,22 +74,20 @@ def memory_method_available() -> bool:
     return os.access("/proc/self/clear_refs", os.W_OK) and os.path.exists("/proc/self/status")
 
 
-def measure_memory(spec: BenchmarkSpec, systems=SYSTEMS) -> dict[str, dict[str, float]]:
-    """Peak resident-memory growth per workload and system, in MiB, each system in a fresh Python (unless
-    `spec.isolate_memory` is off). torch's CPU tensors come from glibc malloc, which neither `tracemalloc` nor torch
-    counts; told to map every block of 64 KiB or more and give it back on free, the resident set follows them."""
+def measure_memory(spec: BenchmarkSpec) -> dict[str, dict[str, float]]:
+    """Peak resident-memory growth per workload and system, in MiB, each system in a fresh Python (one shared where
+    `spec.isolate_memory` is off): glibc, told to map every block of 64 KiB or more and give it back on free, makes the
+    resident set follow torch's CPU tensors, which neither `tracemalloc` nor torch counts."""
     if not memory_method_available():
         raise RuntimeError("Peak-memory measurement needs Linux's /proc/self/clear_refs and /proc/self/status.")
     env = offline_env(MALLOC_MMAP_THRESHOLD_="65536", MALLOC_TRIM_THRESHOLD_="0", MALLOC_TOP_PAD_="0")
-    groups = [[s] for s in systems] if spec.isolate_memory else [list(systems)]
+    groups = [[s] for s in SYSTEMS] if spec.isolate_memory else [list(SYSTEMS)]
     results = {}
     for group in groups:
         request = json.dumps({"spec": dataclasses.asdict(spec), "systems": group})
-        done = subprocess.run(
-            [sys.executable, "-c", "from scripts.benchmarks.memory import memory_worker; memory_worker()"],
-            input=request, capture_output=True, text=True, env=env, check=False,
-            cwd=Path(__file__).resolve().parents[2],
-        )
+        code = "from scripts.benchmarks.memory import memory_worker; memory_worker()"
+        done = subprocess.run([sys.executable, "-c", code], input=request, capture_output=True, text=True, env=env,
+                              cwd=Path(__file__).resolve().parents[2])
         if done.returncode != 0:
             raise RuntimeError(f"The memory subprocess for {group} failed:\n{done.stderr[-4000:]}")
         results.update(json.loads(done.stdout.strip().splitlines()[-1]))

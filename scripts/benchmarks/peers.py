@@ -1,9 +1,7 @@
-"""The benchmark run (`make bench`, and the device check's run on a GPU): ours against `MarianMTModel` of the same
-shape (the closest built-in peer: post-LN, sinusoidal positions, scaled shared embeddings; both with SDPA) and
-against `generate(use_cache=False)` on our weights (decoding without the key/value cache), doing the same work in one
-process, interleaved: a training step (also under torch.compile), greedy and beam decoding of a fixed length, and
-each workload's peak memory (`measure_memory`). scripts/benchmarks/README.md gives the method and the figures.
-"""
+"""The benchmark run (`make bench`, and the device check's on a GPU): ours against `MarianMTModel` of the same shape
+(the closest built-in peer: post-LN, sinusoidal positions, scaled shared embeddings; both with SDPA) and against
+`generate(use_cache=False)` on our weights, doing the same work in one process, interleaved: a training step (also
+compiled), greedy and beam decoding of a fixed length, and each workload's peak memory (`measure_memory`)."""
 
 from __future__ import annotations
 
@@ -23,6 +21,7 @@ from .workloads import (SYSTEMS, BenchmarkSpec, build_models, decoders, paramete
 
 # Slowest over fastest repeat of one system beyond which a run is reported as disturbed by other processes.
 NOISY_SPREAD = 1.5
+WORKLOADS = ("train", "greedy", "beam")
 
 
 def _ratio(numerator, denominator):
@@ -72,7 +71,8 @@ def run_benchmark(spec: BenchmarkSpec, log: Callable[[str], None] = print) -> di
         results["memory_method"] = ("peak RSS growth over the RSS before the workload (VmHWM after resetting it via "
                                     "/proc/self/clear_refs), fresh process per system, glibc mmap threshold 64 KiB"
                                     + ("" if spec.isolate_memory else "; one process shared by all systems"))
-    results["noisy"] = sorted(f"{w}/{n}" for w in ("train", "greedy", "beam")
+    results.update(workloads=list(WORKLOADS), noisy_spread=NOISY_SPREAD, memory_resolution_mib=MEMORY_RESOLUTION_MIB)
+    results["noisy"] = sorted(f"{w}/{n}" for w in WORKLOADS
                               for n, s in results[w]["systems"].items() if s["spread"] > NOISY_SPREAD)
     results["ratios"] = ratios(results)
     results["paired_ratios"] = paired_ratios(results)
@@ -96,9 +96,8 @@ def training(models: dict, batch: dict, spec: BenchmarkSpec, log: Callable[[str]
 
 
 def time_steps(steps: dict[str, Callable[[], float]], batch: dict, spec: BenchmarkSpec) -> dict:
-    """Training steps interleaved (`summarize`d, per target token), each step's first call (a compiled step's
-    compilation) timed apart as `compile_s` and kept out of the medians, and whether its losses were finite. A step
-    whose first call fails (inductor without a C compiler, say) is left out, its error in `errors`."""
+    """Training steps interleaved, each one's first call (its compilation) timed apart as `compile_s`; a step whose
+    first call fails (inductor without a C compiler, say) is left out, its error in `errors`."""
     losses, first, errors = {name: [] for name in steps}, {}, {}
     recorded = {name: (lambda n=name, step=step: losses[n].append(step())) for name, step in steps.items()}
     for name, step in recorded.items():
@@ -114,8 +113,7 @@ def time_steps(steps: dict[str, Callable[[], float]], batch: dict, spec: Benchma
 
 
 def compiled_training(steps: dict[str, Callable[[], float]], batch: dict, spec: BenchmarkSpec) -> dict:
-    """`training_steps(..., compile_backend)`'s steps, eager and compiled (`time_steps`), and the speed-ups; None
-    where a system is missing."""
+    """Eager and compiled steps (`time_steps`) and the speed-ups, None where a system is missing."""
     timed = time_steps(steps, batch, spec)
     median = {name: system["median_s"] for name, system in timed["systems"].items()}
     return {"backend": spec.compile_backend, **timed,
@@ -138,10 +136,9 @@ def decoding(models: dict, spec: BenchmarkSpec, workload: str, beams: int, outpu
 
 
 def ratios(results: dict) -> dict:
-    """Ours over each peer, of the median repeats: throughput (> 1: ours faster) and peak memory (< 1: ours
-    smaller)."""
+    """Ours over each peer, of the medians: throughput (> 1: ours faster) and peak memory (< 1: ours smaller)."""
     out = {}
-    for workload in ("train", "greedy", "beam"):
+    for workload in WORKLOADS:
         systems = results[workload]["systems"]
         for peer in ("marian", "uncached"):
             if peer in systems:
@@ -154,10 +151,10 @@ def ratios(results: dict) -> dict:
 
 
 def paired_ratios(results: dict) -> dict:
-    """Ours over Marian per repetition (both ran back to back in it, under the same machine load): the median
-    and quartiles of those ratios, steadier than a ratio of medians when the load drifts during the run."""
+    """Ours over Marian per repetition (back to back, under the same load): their median and quartiles, steadier than
+    a ratio of medians when the load drifts during the run."""
     out = {}
-    for workload in ("train", "greedy", "beam"):
+    for workload in WORKLOADS:
         systems = results[workload]["systems"]
         pairs = sorted(m / o for m, o in zip(systems["marian"]["times_s"], systems["ours"]["times_s"]))
         quartiles = statistics.quantiles(pairs, n=4) if len(pairs) > 1 else pairs * 3
@@ -167,9 +164,8 @@ def paired_ratios(results: dict) -> dict:
 
 
 def verdicts(results: dict) -> dict:
-    """Each ratio of ours to a peer and what it says: ours "faster" or "slower" only where the median and the paired
-    quartiles (where measured) all fall on one side of 1, else "level" (a difference the machine's noise could
-    make); memory within its resolution is "level" too."""
+    """Each ratio and what it says: "faster" or "slower" only where the median and the paired quartiles (where
+    measured) fall on one side of 1, else "level" (the noise could make it); memory within its resolution too."""
     out = {}
     for name, value in results["ratios"].items():
         if "_memory_vs_" in name:
@@ -187,8 +183,5 @@ def verdicts(results: dict) -> dict:
 
 def summarize(times: dict[str, list[float]], work: float) -> dict[str, dict]:
     """Median seconds and `work` units (tokens) per second for each system."""
-    return {
-        name: {"median_s": statistics.median(ts), "min_s": min(ts), "max_s": max(ts), "spread": max(ts) / min(ts),
-               "times_s": ts, "throughput": work / statistics.median(ts)}
-        for name, ts in times.items()
-    }
+    return {name: {"median_s": statistics.median(ts), "min_s": min(ts), "max_s": max(ts), "spread": max(ts) / min(ts),
+                   "times_s": ts, "throughput": work / statistics.median(ts)} for name, ts in times.items()}

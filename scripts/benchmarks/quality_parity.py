@@ -1,11 +1,9 @@
 """Quality parity: our Transformer against `transformers.MarianMTModel` of the same shape, trained the same way.
 
 Marian is the paper's architecture in transformers, so on one task, tokenizer, batch stream and objective the two
-should translate equally well. The same for both: Multi30k en->de with the shared BPE, identical §5.1 token batches
-in identical order, `PaperTrainer` with the Noam schedule, steps and seed, §5.4's label-smoothed loss (our model's
-`label_smoothed_cross_entropy`, Marian's through `compute_loss_func`) and one beam search for BLEU (beam 4,
-|Y|^0.6). What differs is the implementation and the initial weights. By default the two train at once, one
-process and one thread each, under the same machine load.
+should translate equally well: Multi30k en->de with the shared BPE, identical §5.1 token batches, `PaperTrainer`
+with the Noam schedule, §5.4's label-smoothed loss and one beam search for BLEU. Only the implementation and the
+initial weights differ. By default the two train at once, one process and one thread each, under the same load.
 
     python -m scripts.benchmarks.quality_parity                       # writes scripts/benchmarks/results/parity_*
     python -m scripts.benchmarks.quality_parity --preset tiny --max_steps 50 --save_steps 10 --output_dir /tmp/p
@@ -15,7 +13,6 @@ Skips (exit status 0, with the reason) where ../shared/data/multi30k is absent.
 
 from __future__ import annotations
 
-import math
 import os
 import tempfile
 import time
@@ -34,6 +31,7 @@ from transformers import (AutoTokenizer, DataCollatorForSeq2Seq, GenerationConfi
 from scripts.recipes.multi30k_en_de import RECIPE  # noqa: E402
 from vanilla_transformer.configuration_vanilla_transformer import VanillaTransformerConfig  # noqa: E402
 from vanilla_transformer.data.corpora import tokenize_parallel  # noqa: E402
+from vanilla_transformer.data.tokenization import train_shared_tokenizer  # noqa: E402
 from vanilla_transformer.modeling_vanilla_transformer import (  # noqa: E402
     VanillaTransformerForConditionalGeneration, label_smoothed_cross_entropy)
 from vanilla_transformer.tools.marian import marian_config_like  # noqa: E402
@@ -45,8 +43,9 @@ from vanilla_transformer.training.precision import native_bf16  # noqa: E402
 from vanilla_transformer.training.run import parse_config_overrides  # noqa: E402
 from vanilla_transformer.training.schedule import noam_peak_rate  # noqa: E402
 
-from .toolkit import (command_line, describe_cpu, environment, format_load, load_average, load_multi30k,  # noqa: E402
-                      markdown_table, multi30k_missing, shared_tokenizer_for, write_report)
+from scripts.utils.reports import parity_report, write_report  # noqa: E402
+
+from .toolkit import command_line, environment, load_average, load_multi30k, multi30k_missing  # noqa: E402
 
 MODELS = ("ours", "marian")
 PRECISIONS = ("auto", "bf16", "fp32")
@@ -57,14 +56,12 @@ class ParitySettings:
     data_dir: str = field(default="../shared/data/multi30k", metadata={"help": "Multi30k train/val .en/.de files."})
     output_dir: str = field(default="scripts/benchmarks/results", metadata={"help": "Where the reports go."})
     work_dir: str | None = field(default=None, metadata={
-        "help": "Tokenizer, tokenized data, translations; default: a new temporary folder, outside the "
-                "repository, since it holds Multi30k-derived files."})
+        "help": "Tokenizer, tokenized data, translations; default: a new temporary folder (outside the repository)."})
     # The defaults are the Multi30k recipe's (scripts/recipes/multi30k_en_de.py RECIPE).
     preset: str = field(default=RECIPE["preset"], metadata={"help": "Model preset, used for both models."})
     config_overrides: str = field(default=RECIPE["config_overrides"], metadata={
         "help": "field=value pairs on the preset (the recipe's dropouts), for both models."})
-    # The recipe's length is a wall-clock budget (RECIPE["max_steps"] only caps it); both models here train the
-    # same number of steps: about what the recipe reaches in its hour on a 2-core AVX-512-BF16 CPU.
+    # The recipe's length is a wall-clock budget; both models here train the steps it reaches in its hour.
     max_steps: int = field(default=6900, metadata={"help": "Steps for both models (the recipe's hour, roughly)."})
     max_tokens_per_batch: int = field(default=RECIPE["max_tokens_per_batch"],
                                       metadata={"help": "§5.1 token budget per batch (both)."})
@@ -97,14 +94,6 @@ def label_smoothed_loss_func(epsilon: float):
         return label_smoothed_cross_entropy(logits, labels, epsilon, num_items_in_batch)
 
     return loss_func
-
-
-def decoding_config(settings: ParitySettings, config: VanillaTransformerConfig) -> GenerationConfig:
-    """One beam search for both models; our model reads no `length_penalty_type` here, so it uses |Y|^alpha too."""
-    return GenerationConfig(decoder_start_token_id=config.decoder_start_token_id, bos_token_id=config.bos_token_id,
-                            eos_token_id=config.eos_token_id, pad_token_id=config.pad_token_id,
-                            num_beams=settings.num_beams, length_penalty=settings.length_penalty,
-                            max_new_tokens=settings.max_new_tokens)
 
 
 def trainer_for(kind: str, settings: ParitySettings, work: Path) -> PaperTrainer:
@@ -141,7 +130,12 @@ def train_and_score(kind: str, settings: ParitySettings) -> dict:
     validation = load_from_disk(str(work / "raw_validation"))["translation"]
     sources, references = [pair["en"] for pair in validation], [pair["de"] for pair in validation]
     tokenizer = AutoTokenizer.from_pretrained(work / "tokenizer")
-    generation_config = decoding_config(settings, VanillaTransformerConfig.from_json_file(work / "config.json"))
+    config = VanillaTransformerConfig.from_json_file(work / "config.json")
+    # One beam search for both; our model reads no `length_penalty_type` here, so it ranks by |Y|^alpha too.
+    generation_config = GenerationConfig(
+        decoder_start_token_id=config.decoder_start_token_id, bos_token_id=config.bos_token_id,
+        eos_token_id=config.eos_token_id, pad_token_id=config.pad_token_id, num_beams=settings.num_beams,
+        length_penalty=settings.length_penalty, max_new_tokens=settings.max_new_tokens)
     trainer = trainer_for(kind, settings, work)
     model = trainer.model
     # Counted before training: a reloaded Marian marks its sinusoidal position tables trainable.
@@ -169,7 +163,9 @@ def train_and_score(kind: str, settings: ParitySettings) -> dict:
 def prepare(settings: ParitySettings) -> dict:
     """Tokenizer, tokenized splits and the model config, written to `work_dir` for the training processes."""
     raw = load_multi30k(settings.data_dir)
-    tokenizer = shared_tokenizer_for(raw, settings.vocab_size)
+    # The shared BPE of scripts/train.py, trained on both sides of the training split.
+    tokenizer = train_shared_tokenizer([pair[lang] for pair in raw["train"]["translation"] for lang in pair],
+                                       vocab_size=settings.vocab_size, model_max_length=128, show_progress=False)
     tokenized = DatasetDict({split: tokenize_parallel(raw[split], tokenizer, "en", "de", 128, 128)[0]
                              for split in raw})
     config = VanillaTransformerConfig.from_preset(
@@ -245,53 +241,6 @@ def plot_parity(results: dict, path) -> Path:
     return path
 
 
-def render_report(results: dict, command: str, plot_name: str) -> str:
-    s, runs, env = results["settings"], results["runs"], results.get("environment")
-    rows = "\n".join(markdown_table(
-        ["run", "class", "parameters", "steps", "epochs", "train loss", "last val loss", "BLEU", "chrF", "train min",
-         "decode min"],
-        [[kind, run["model"], f"{run['parameters']:,}", run["steps"], f"{run['epochs']:.2f}",
-          f"{run['train_loss']:.3f}", f"{_last_eval_loss(run):.3f}", f"**{run['bleu']:.2f}**", f"{run['chrf']:.2f}",
-          f"{run['train_seconds'] / 60:.1f}", f"{run['decode_seconds'] / 60:.1f}"] for kind, run in runs.items()]))
-    together = f"both trained at once, {s['threads_per_model']} thread each" if s["parallel"] else "one after the other"
-    return f"""# Quality parity on Multi30k en→de: ours vs `MarianMTModel`
-
-`{command}`
-
-Both models: preset `{s['preset']}` with `{s['config_overrides']}`, shared BPE of {results['vocab_size']} tokens,
-ReLU, post-LN, scaled shared and tied embeddings; `PaperTrainer` with the Noam schedule (warmup
-{s['noam_warmup_steps']}, factor {s['noam_factor']}), label smoothing {s['label_smoothing']} (our model's loss
-function, Marian's through `compute_loss_func`), token batches of
-{s['max_tokens_per_batch']} padded tokens per side (identical batches for both), {s['max_steps']} steps, seed
-{s['seed']}, {'bf16 autocast' if runs['ours']['bf16'] else 'float32'}, each library's own initialisation (both
-N(0, 0.02), drawn independently); scored:
-{f"the average of the last {s['average_last_checkpoints']} checkpoints (one every {s['save_steps']} steps)"
- if s['average_last_checkpoints'] else 'the last weights'}. Validation: all {results['validation_examples']} sentences
-of val, beam {s['num_beams']}, length penalty {s['length_penalty']} (|Y|^α), at most {s['max_new_tokens']} new tokens.
-
-{rows}
-
-BLEU(ours) − BLEU(Marian) = **{results['bleu_gap']:+.2f}** (target ≥ −0.3). sacreBLEU:
-`{runs['ours']['bleu_signature']}`. Wall time of the whole comparison: {results['wall_seconds'] / 60:.1f} min
-({together}), {_machine(env)}.
-
-![curves]({plot_name})
-"""
-
-
-def _machine(env: dict | None) -> str:
-    if env is None:  # the first run recorded no environment
-        return "on a machine the run did not record"
-    return (f"on {describe_cpu(env)} ({env['cores_available']} cores available; load average (1/5/15 min) "
-            f"{format_load(env['load_average_at_start'])} at the start, {format_load(env.get('load_average_at_end'))} "
-            "at the end)")
-
-
-def _last_eval_loss(run: dict) -> float:
-    losses = [e["eval_loss"] for e in run["log_history"] if "eval_loss" in e]
-    return losses[-1] if losses else math.nan
-
-
 def main(argv=None):
     (settings,) = HfArgumentParser(ParitySettings).parse_args_into_dataclasses(argv)
     reason = multi30k_missing(settings.data_dir)
@@ -303,10 +252,10 @@ def main(argv=None):
     stem = Path(settings.output_dir) / settings.report_name
     stem.parent.mkdir(parents=True, exist_ok=True)
     png = plot_parity(results, stem.with_suffix(".png"))
-    paths = write_report(stem, {"command": command, **results}, render_report(results, command, png.name))
+    paths = write_report(stem, {"command": command, **results}, parity_report(results, command, png.name))
     runs = results["runs"]
-    print(f"BLEU ours {runs['ours']['bleu']:.2f}, Marian {runs['marian']['bleu']:.2f}, gap {results['bleu_gap']:+.2f}; "
-          f"wall {results['wall_seconds'] / 60:.1f} min; report: {paths['md']}")
+    print(f"BLEU ours {runs['ours']['bleu']:.2f}, Marian {runs['marian']['bleu']:.2f}, gap "
+          f"{results['bleu_gap']:+.2f}; wall {results['wall_seconds'] / 60:.1f} min; report: {paths['md']}")
     return results
 
 

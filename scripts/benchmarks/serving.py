@@ -1,16 +1,8 @@
 """The translation server under load, over loopback: throughput, p50 and p99 latency and the share of answers equal to
-the engine's own translation, at 1, 8, 32 and 64 concurrent clients each sending one sentence a request (and at 32
-clients sending `q` as a list of 8), each level run three times (median, and the spread over the runs), for
-
-- this server (`scripts/serve.py`) on a CTranslate2 int8 export through Ray Serve's HAProxy ingress (its default) and
-  through Ray Serve's Python proxy; with Ray Serve's own `serve.batch` (a 5 ms window) in place of batches formed when
-  the engine is free; with batching off; and on `generate()`;
-- what a user writes first: `pipeline("translation")` called inside a plain FastAPI handler (uvicorn);
-
-beside each engine alone on the same sentences in arrival order, in batches of 32, as many processes of one thread
-as the servers have replicas (their CPU budget), and one `translate` call of one sentence. Each server runs alone, in
-a process group of its own, stopped before the next starts; the clients are one asyncio loop in this process. The
-ingresses' own ceiling is `GET /health` at 32 clients.
+the engine's own translation, at 1 to 64 concurrent clients, for scripts/serve.py's variants (`SERVERS`) and for what a
+user writes first, `pipeline("translation")` in a plain FastAPI handler; beside each engine alone on the servers' CPU
+budget (`engine_alone`). Each server runs alone in a process group of its own, stopped before the next starts; the
+clients are one asyncio loop in this process.
 
     python -m scripts.benchmarks.serving --model runs/multi30k
 """
@@ -30,8 +22,10 @@ from pathlib import Path
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
-from .toolkit import (ENGINE_CODE, command_line, cpu_slug, describe_cpu, environment, load_multi30k, markdown_table,  # noqa: E402
-                      multi30k_missing, offline_env, write_report)
+from scripts.utils.reports import serving_report, write_cpu_report  # noqa: E402
+
+from .toolkit import (ENGINE_CODE, command_line, environment, load_multi30k, multi30k_missing,  # noqa: E402
+                      offline_env)
 
 ROOT = Path(__file__).resolve().parents[2]
 CLIENTS = (1, 8, 32, 64)
@@ -51,8 +45,7 @@ SERVERS = {
 INGRESS_SERVERS = ("ctranslate2 int8: HAProxy ingress", "ctranslate2 int8: Python proxy")
 
 
-# ---------------------------------------------------------------------------------------------- the baseline server
-def baseline_app(model_dir: str):
+def baseline_from_env():
     """`pipeline("translation")` in a FastAPI handler: one request, one pipeline call, no batching across requests."""
     import torch
     from fastapi import FastAPI
@@ -61,7 +54,7 @@ def baseline_app(model_dir: str):
     import vanilla_transformer  # noqa: F401  (registers the translation pipeline)
 
     torch.set_num_threads(int(os.environ.get("BASELINE_THREADS", "2")))
-    translator = pipeline("translation", model=model_dir, trust_remote_code=True)
+    translator = pipeline("translation", model=os.environ["BASELINE_MODEL"], trust_remote_code=True)
     app = FastAPI()
 
     @app.post("/translate")
@@ -75,11 +68,6 @@ def baseline_app(model_dir: str):
     return app
 
 
-def baseline_from_env():
-    return baseline_app(os.environ["BASELINE_MODEL"])
-
-
-# ---------------------------------------------------------------------------------------------- load
 async def load(url: str, sentences: list[str], expected: list[str] | None, clients: int, requests: int,
                q_size: int = 1, max_seconds: float = 40.0) -> dict:
     """`clients` loops, each posting one request at a time (`q`: one sentence, or a list of `q_size`) until
@@ -179,7 +167,7 @@ def measure_server(command: list[str], args, sentences: list[str], expected: lis
         process = subprocess.Popen(command, stdout=out, stderr=subprocess.STDOUT, env=offline_env(), cwd=ROOT,
                                    start_new_session=True)
     base = f"http://127.0.0.1:{args.port}"
-    url = f"{base}/translate"
+    url = base + "/translate"
     try:
         wait_until_healthy(base, process)
         asyncio.run(load(url, sentences, None, 4, 32))  # warm-up
@@ -213,8 +201,8 @@ def stop_ray():
 
 def engine_alone(engine: str, folder: str, sentences: list[str], processes: int, compute_type: str) -> dict:
     """The engine on the servers' CPU budget: `processes` of one thread at once, each translating the sentences in
-    arrival order in batches of 32 (three passes); one sentence at a time in a process alone; and its own
-    translation of every sentence, one at a time, which the servers' answers are checked against."""
+    arrival order in batches of 32 (three passes); and one sentence at a time in a process alone, whose translations
+    the servers' answers are checked against."""
     code = f"""
 import json, statistics, sys, time, torch
 from vanilla_transformer.tools.engines import load_translator
@@ -227,7 +215,9 @@ print("ready", flush=True)
 if sys.stdin.readline().strip() == "single":
     single, own = [], []
     for sentence in sentences:
-        started = time.perf_counter(); own += translator.translate([sentence]); single.append(time.perf_counter() - started)
+        started = time.perf_counter()
+        own += translator.translate([sentence])
+        single.append(time.perf_counter() - started)
     print(json.dumps({{"single_p50_ms": 1000 * statistics.median(single), "translations": own}}), flush=True)
 else:
     started = time.perf_counter()
@@ -274,9 +264,9 @@ def run_benchmark(args) -> dict:
                "transformers": str(Path(args.model).resolve())}
     speeds = compute_type_speeds(folders["ctranslate2"], threads=1)
     compute_types = {"ctranslate2": max(speeds, key=speeds.get), "transformers": "default"}
-    results = {"environment": environment(measures=SERVED_CODE), "sentences": len(sentences), "num_replicas": args.num_replicas,
-               "runs": args.runs, "requests": args.requests, "max_run_s": args.max_run_s,
-               "compute_type_speeds": speeds, "engines": {}, "servers": {}}
+    results = {"environment": environment(measures=SERVED_CODE), "sentences": len(sentences),
+               "num_replicas": args.num_replicas, "runs": args.runs, "requests": args.requests,
+               "max_run_s": args.max_run_s, "compute_type_speeds": speeds, "engines": {}, "servers": {}}
     serve = [sys.executable, "scripts/serve.py", "--threads", "1", "--num_replicas", str(args.num_replicas),
              "--port", str(args.port)]
     own_translations = {}
@@ -303,51 +293,6 @@ def run_benchmark(args) -> dict:
     return results
 
 
-# ---------------------------------------------------------------------------------------------- report
-def _share_equal(level: dict) -> str:
-    checked = level["sentences"] - level["failures"]
-    return f"{1 - level['sentences_wrong'] / checked:.1%}" if checked else "–"
-
-
-def render(results: dict, command: str) -> str:
-    env = results["environment"]
-    rows = []
-    for name, server in results["servers"].items():
-        alone = results["engines"][server["engine"]]["batched_sentences_per_s"]
-        for level in server["levels"] + ([server["lists_of_8"]] if "lists_of_8" in server else []):
-            low, high = level["spread"]
-            rows.append([name, f"{level['clients']}" + (f" × lists of {level['q_size']}" if level["q_size"] > 1 else ""),
-                         f"{level['sentences_per_s']:.1f} ({low:.3g}–{high:.3g})",
-                         f"{level['sentences_per_s'] / alone:.0%}", f"{level['p50_ms']:,.1f}",
-                         f"{level['p99_ms']:,.1f}", level["failures"], _share_equal(level)])
-    engines = [[name, e["compute_type"], f"{e['batched_sentences_per_s']:.1f}", f"{e['single_p50_ms']:,.1f}"]
-               for name, e in results["engines"].items()]
-    ceilings = [[name, f"{server['health_requests_per_s']:,.0f}"] for name, server in results["servers"].items()
-                if "health_requests_per_s" in server]
-    speeds = ", ".join(f"{name} {speed:.0f}" for name, speed in results["compute_type_speeds"].items())
-    return "\n".join([
-        "# The translation server under load", "", f"`{command}`", "",
-        f"{describe_cpu(env)}, commit {env.get('commit')}; each server {results['num_replicas']} replica(s) of one "
-        f"thread; {results['sentences']} Multi30k validation sentences, each client sending one request at a time "
-        f"over loopback; each level {results['runs']} runs of {results['requests']:,} requests ({results['requests'] // 4:,} "
-        f"at one client, and in lists of 8), or of {results['max_run_s']:g} s where a server is slower: the median "
-        "run, and the lowest and highest throughput of the runs.", "",
-        f"CTranslate2's compute types measured here (sentences/s, one thread): {speeds}; the servers and the engine "
-        "run the fastest.", "",
-        "## Each engine alone (no server)", "",
-        "As many processes as a server has replicas, each of one thread, translating the sentences in arrival order in "
-        "batches of 32 at once; and one sentence at a time in one process (whose translations every answer below is "
-        "checked against).", "",
-        *markdown_table(["engine", "compute type", "batches of 32 in arrival order, sentences/s", "one sentence, ms"],
-                        engines), "",
-        "## Served", "",
-        *markdown_table(["server", "clients", "sentences/s (spread)", "of the engine alone", "p50 ms", "p99 ms",
-                         "failed", "answers equal to the engine's"], rows), "",
-        "## The ingress alone", "",
-        "`GET /health` (no model work) from 32 clients: the requests a second each ingress carries on this machine.",
-        "", *markdown_table(["server", "requests/s"], ceilings), ""])
-
-
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--model", default="runs/multi30k", help="A trained folder (the Multi30k recipe's).")
@@ -368,16 +313,12 @@ def main(argv=None):
     for flag in ("sentences", "requests", "runs", "num_replicas"):
         if getattr(args, flag) < 1:
             parser.error(f"--{flag} must be at least 1, got {getattr(args, flag)}")
-    reason = multi30k_missing(args.data_dir) or (None if Path(args.model, "config.json").is_file()
-                                                 else f"no trained model in {args.model}")
-    if reason:
+    if reason := multi30k_missing(args.data_dir, args.model):
         print(f"skipped: {reason}")
         return None
     results = run_benchmark(args)
     command = command_line("serving", argv)
-    output = args.output or f"scripts/benchmarks/results/serving_{cpu_slug(results['environment'])}"
-    paths = write_report(output, {"command": command, **results}, render(results, command))
-    print(paths["md"].read_text())
+    write_cpu_report("serving", args.output, {"command": command, **results}, serving_report(results, command))
     return results
 
 

@@ -1,8 +1,7 @@
-"""The workloads the benchmarks time, and the systems that run them: `BenchmarkSpec` (what to measure), our model
-and `MarianMTModel` built to the same shape (the closest in-tree peer), synthetic right-padded batches, the
-training step and its model FLOPs, and fixed-length decoding through `generate()`, also without its cache on our
-weights (`use_cache=False`: the decoder re-run over the whole prefix at every step, every position of it projected to
-the vocabulary, as transformers does for a model whose forward takes no `logits_to_keep`)."""
+"""The workloads the benchmarks time, and the systems that run them: `BenchmarkSpec` (what to measure), our model and
+`MarianMTModel` built to the same shape (the closest in-tree peer), synthetic right-padded batches, the training step
+and its model FLOPs, and fixed-length decoding through `generate()`, also without its cache on our weights
+(`use_cache=False`: the decoder re-run over the whole prefix at every step)."""
 
 from __future__ import annotations
 
@@ -19,7 +18,6 @@ from vanilla_transformer.data.corpora import available_cores
 from vanilla_transformer.modeling_vanilla_transformer import VanillaTransformerForConditionalGeneration
 from vanilla_transformer.support_vanilla_transformer import check_int
 from vanilla_transformer.tools.marian import marian_config_like
-
 
 # A vocabulary per preset: a small BPE for the CPU presets, the paper's shared 37k BPE (§5.1) for Table 3's.
 DEFAULT_VOCAB = {"tiny": 1000, "small": 8000, "base": 37000, "big": 37000}
@@ -45,8 +43,8 @@ class BenchmarkSpec:
     matmul_size: int = 2048
     memory: bool = True  # peak resident memory of CPU subprocesses: on the CPU only
     bf16: bool = False  # the training steps under bf16 autocast over float32 weights, as Trainer --bf16 runs them
-    # The training step under torch.compile too (what Trainer --torch_compile runs); quick mode uses aot_eager,
-    # since inductor's C++ code generation takes a minute per model on a small CPU.
+    # The training step under torch.compile too (Trainer --torch_compile); quick mode uses aot_eager, since
+    # inductor's C++ code generation takes a minute per model on a small CPU.
     compile_backend: str | None = "inductor"
     isolate_memory: bool = True  # one fresh subprocess per system; quick mode shares one to save start-up time
     seed: int = 0
@@ -84,8 +82,6 @@ class BenchmarkSpec:
             raise ValueError("`vocab_size` must leave room for ids past the 4 special tokens.")
 
 
-# Models -------------------------------------------------------------------------------------------------------
-
 def model_config(spec: BenchmarkSpec) -> VanillaTransformerConfig:
     return VanillaTransformerConfig.from_preset(spec.preset, vocab_size=spec.vocab_size, **spec.config_overrides)
 
@@ -119,7 +115,7 @@ def build_models(spec: BenchmarkSpec) -> dict[str, torch.nn.Module]:
 
 def parameter_counts(model: torch.nn.Module) -> dict[str, int]:
     """Trainable parameters (shared embeddings counted once), frozen parameters and buffers (Marian's: its two
-    sinusoidal position tables, where ours computes positions, and `final_logits_bias`; neither is trained)."""
+    sinusoidal position tables and `final_logits_bias`, never trained)."""
     params = {id(p): p for p in model.parameters()}.values()
     return {"trainable": sum(p.numel() for p in params if p.requires_grad),
             "frozen": sum(p.numel() for p in params if not p.requires_grad),
@@ -127,8 +123,7 @@ def parameter_counts(model: torch.nn.Module) -> dict[str, int]:
 
 
 def token_counts(batch: dict) -> tuple[int, int]:
-    """The source and target tokens of a training batch (its positions that are not padding): the useful work
-    that model-FLOPs utilisation counts. Both models compute the padding too."""
+    """The source and target tokens of a training batch, not padding: the work model-FLOPs utilisation counts."""
     source = batch.get("attention_mask")
     source_tokens = int(source.sum()) if source is not None else batch["input_ids"].numel()
     return source_tokens, int((batch["labels"] != -100).sum())
@@ -136,10 +131,9 @@ def token_counts(batch: dict) -> tuple[int, int]:
 
 def training_flops(config, batch_size: int, source_length: int, target_length: int, attention: bool = True,
                    source_tokens: int | None = None, target_tokens: int | None = None) -> int:
-    """Model FLOPs of one training step (forward + backward = 3 x forward): every matmul (projections,
-    feed-forward, output layer and, with `attention`, the attention scores and their weighted sums over the padded
-    squares) at 2 FLOPs per multiply-add. Projections run on `source_tokens` and `target_tokens` positions: by
-    default the whole padded batch; `token_counts(batch)`'s are what model-FLOPs utilisation counts."""
+    """Model FLOPs of one training step (forward + backward = 3 x forward), 2 per multiply-add of every matmul:
+    projections, feed-forward and output layer on `source_tokens` and `target_tokens` positions (default: the
+    padded batch), and with `attention` the scores and their weighted sums over the padded squares."""
     d = config.d_model
     source_tokens = batch_size * source_length if source_tokens is None else source_tokens
     target_tokens = batch_size * target_length if target_tokens is None else target_tokens
@@ -155,11 +149,9 @@ def training_flops(config, batch_size: int, source_length: int, target_length: i
     return 3 * forward
 
 
-# Data ---------------------------------------------------------------------------------------------------------
-
 def padded_ids(batch: int, longest: int, vocab_size: int, generator: torch.Generator, pad_id: int = 0):
-    """Ids above the 4 special tokens with random lengths in [longest // 2, longest], right-padded to the
-    longest drawn length, as a collator pads a real batch. Returns (ids, mask)."""
+    """(ids, mask): ids above the 4 special tokens, lengths drawn from [longest // 2, longest], right-padded to the
+    longest drawn, as a collator pads a real batch."""
     lengths = torch.randint(max(1, longest // 2), longest + 1, (batch,), generator=generator)
     width = int(lengths.max())
     ids = torch.randint(4, vocab_size, (batch, width), generator=generator)
@@ -172,26 +164,23 @@ def training_batch(spec: BenchmarkSpec, config: VanillaTransformerConfig, seed: 
     input_ids, attention_mask = padded_ids(spec.batch_size, spec.source_length, config.vocab_size, generator,
                                            config.pad_token_id)
     labels, label_mask = padded_ids(spec.batch_size, spec.target_length, config.vocab_size, generator)
-    labels = labels.masked_fill(label_mask == 0, -100)
-    batch = {"input_ids": input_ids, "attention_mask": attention_mask, "labels": labels}
+    batch = {"input_ids": input_ids, "attention_mask": attention_mask,
+             "labels": labels.masked_fill(label_mask == 0, -100)}
     return {name: tensor.to(spec.device) for name, tensor in batch.items()}
 
 
-def source_batch(spec: BenchmarkSpec, config: VanillaTransformerConfig, batch: int, seed: int | None = None) -> dict:
-    generator = torch.Generator().manual_seed(spec.seed + 2 if seed is None else seed)
+def source_batch(spec: BenchmarkSpec, config: VanillaTransformerConfig, batch: int) -> dict:
+    generator = torch.Generator().manual_seed(spec.seed + 2)
     input_ids, attention_mask = padded_ids(batch, spec.source_length, config.vocab_size, generator,
                                            config.pad_token_id)
     return {"input_ids": input_ids.to(spec.device), "attention_mask": attention_mask.to(spec.device)}
 
 
-# Workloads ----------------------------------------------------------------------------------------------------
-
-def make_train_step(model: torch.nn.Module, batch: dict, lr: float = 1e-4, autocast: torch.dtype | None = None,
+def make_train_step(model: torch.nn.Module, batch: dict, autocast: torch.dtype | None = None,
                     optimizer: torch.optim.Optimizer | None = None) -> Callable[[], float]:
-    """One optimizer step as a training loop runs it, dropout on: zero the gradients, forward with labels (each
-    model's own loss: ours is label-smoothed, Marian's plain cross-entropy), backward, the optimizer (AdamW at `lr`
-    unless one is given), the forward under `autocast` (e.g. torch.bfloat16) as Trainer --bf16 runs it; its loss."""
-    optimizer = optimizer or torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=lr)
+    """One optimizer step as a training loop runs it, dropout on, each model with its own loss (ours label-smoothed,
+    Marian's plain cross-entropy), the forward under `autocast` as Trainer --bf16 runs it; it returns the loss."""
+    optimizer = optimizer or torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=1e-4)
     device_type = next(iter(batch.values())).device.type
 
     def step() -> float:
@@ -209,9 +198,8 @@ def make_train_step(model: torch.nn.Module, batch: dict, lr: float = 1e-4, autoc
 
 def training_steps(models: dict[str, torch.nn.Module], batch: dict, compile_backend: str | None = None,
                    optimizer: Callable | None = None, **options) -> dict[str, Callable[[], float]]:
-    """Each model's training step (`make_train_step` with `options`) by its name; with `compile_backend`, as
-    `<name>_eager` beside `<name>_compiled`: a copy under torch.compile(model), as Trainer --torch_compile runs it,
-    that trains its own weights. `optimizer(params)` builds each step's optimizer (default: AdamW)."""
+    """Each model's `make_train_step(**options)` by its name; with `compile_backend`, as `<name>_eager` beside
+    `<name>_compiled`: a copy under torch.compile (as Trainer --torch_compile runs it) training its own weights."""
     steps = {}
     for name, model in models.items():
         variants = {name: model} if compile_backend is None else {
@@ -222,26 +210,19 @@ def training_steps(models: dict[str, torch.nn.Module], batch: dict, compile_back
     return steps
 
 
-def fixed_length_generation_config(model: torch.nn.Module, new_tokens: int, num_beams: int,
-                                   **options) -> GenerationConfig:
-    """Exactly `new_tokens` tokens: eos is suppressed until the budget is spent, so all systems do equal work.
-    Beam search uses the paper's length penalty 0.6 (§6.1); at a fixed length it cannot change the ranking.
-    `options` go to the GenerationConfig as well (e.g. `cache_implementation="static"`, `compile_config`)."""
+def generate_fixed_length(model, input_ids, attention_mask, new_tokens: int, num_beams: int = 1,
+                          **options) -> torch.Tensor:
+    """Exactly `new_tokens` tokens (eos suppressed), so all systems do equal work; beam search with the paper's length
+    penalty 0.6 (§6.1), which cannot change the ranking at a fixed length. `options` go to the GenerationConfig."""
+    model.eval()
     config = model.config
     # Greedy states the global default so that our model's beam-search length penalty is not merged in.
     extra = dict(length_penalty=0.6, early_stopping=False) if num_beams > 1 else dict(length_penalty=1.0)
-    return GenerationConfig(
+    generation_config = GenerationConfig(
         num_beams=num_beams, do_sample=False, min_new_tokens=new_tokens, max_new_tokens=new_tokens,
         decoder_start_token_id=config.decoder_start_token_id, bos_token_id=config.bos_token_id,
-        eos_token_id=config.eos_token_id, pad_token_id=config.pad_token_id, **{"use_cache": True, **extra, **options},
-    )
-
-
-def generate_fixed_length(model, input_ids, attention_mask, new_tokens: int, num_beams: int = 1,
-                          **options) -> torch.Tensor:
-    model.eval()
-    config = fixed_length_generation_config(model, new_tokens, num_beams, **options)
-    return model.generate(input_ids=input_ids, attention_mask=attention_mask, generation_config=config)
+        eos_token_id=config.eos_token_id, pad_token_id=config.pad_token_id, **{"use_cache": True, **extra, **options})
+    return model.generate(input_ids=input_ids, attention_mask=attention_mask, generation_config=generation_config)
 
 
 def decoders(models: dict[str, torch.nn.Module], source: dict, num_beams: int) -> dict[str, Callable]:

@@ -1,19 +1,16 @@
-"""The tables of scripts/recipes/README.md, rendered from results/multi30k_recipes.json (each Multi30k run the
-recipes report: commit, machine, length and scores). `pages.py` calls them by the block names in `RECIPE_BLOCKS`."""
+"""The tables of scripts/recipes/README.md: what the recipes score as they ship, from the records their runs wrote
+(results/multi30k_<recipe>.json, `multi30k_en_de.py --record`), and how they were chosen, from the log of every
+earlier run (results/multi30k_recipes.json: each run's commit, machine, length and scores). `pages.py` calls them by
+the block names in `RECIPE_BLOCKS`, each with the log, the results folder and the reader that notes what it read."""
 
-import json
 from pathlib import Path
 
-from .toolkit import markdown_table
+from .reports import markdown_table
 
 
 def table(header: list[str], rows: list[list]) -> str:
     """A rendered block's table: its markdown lines and a final newline."""
     return "\n".join(markdown_table(header, rows)) + "\n"
-
-
-def load_recipes(results: Path) -> dict:
-    return json.loads((results / "multi30k_recipes.json").read_text(encoding="utf-8"))
 
 
 DASH = "–"
@@ -55,23 +52,24 @@ def by_id(data):
     return {r["id"]: r for r in data["runs"]}
 
 
-def shipped(data):
-    runs, rows = by_id(data), []
-    for entry in data["shipped_table"]:
-        if "literature" in entry:
-            lit = data["literature"][entry["literature"]]
-            rows.append([lit["label"], DASH, DASH, lit["hardware"], count(lit["updates"]), DASH,
-                         METRIC_NAMES["multi30k_bleu"], *(bleu(lit.get(s)) for s in SETS)])
+def shipped(data, results: Path, read):
+    """The literature's figure beside each recipe's recorded run, in the literature's BLEU and in sacreBLEU."""
+    lit = data["literature"]["wu2021"]
+    rows = [[lit["label"], DASH, DASH, lit["hardware"], count(lit["updates"]), DASH, METRIC_NAMES["multi30k_bleu"],
+             *(bleu(lit.get(s)) for s in SETS)]]
+    for path in sorted(results.glob("multi30k_*.json")):
+        if path.name == "multi30k_recipes.json":
             continue
-        run, metric = runs[entry["run"]], entry["metric"]
-        machine = DASH if run["cpu"] is None or run["precision"] is None else f"{run['cpu']}, {run['precision']}"
-        rows.append([run["recipe"], text(run["commit"]), text(run["seed"]), machine, count(run["updates"]),
-                     minutes(run["command_minutes"]), METRIC_NAMES[metric], *(score(run, s, metric) for s in SETS)])
+        run = read(path)
+        machine = f"{run['environment']['cpu'].replace('(R)', '')}, {run['precision']}"
+        rows += [[run["recipe"], run["environment"]["commit"], str(run["seed"]), machine, count(run["updates"]),
+                  minutes(run["command_minutes"]), METRIC_NAMES[metric], *(score(run, s, metric) for s in SETS)]
+                 for metric in ("multi30k_bleu", "sacrebleu")]
     return table(["recipe", "commit", "seed", "machine", "updates", "minutes", "BLEU", "validation", "test2016",
                   "test2017", "MSCOCO"], rows)
 
 
-def wu2021_runs(data):
+def wu2021_runs(data, *_):
     rows = [[str(r["order"]), r["label"], text(r["commit"]), text(r["precision"]), count(r["updates"]),
              minutes(r["command_minutes"]), text(r["stopped_by"]), *(score(r, s, "multi30k_bleu") for s in SETS)]
             for r in series(data, "literature")]
@@ -79,7 +77,7 @@ def wu2021_runs(data):
                   "test2016", "test2017", "MSCOCO"], rows)
 
 
-def wu2021_sacrebleu(data):
+def wu2021_sacrebleu(data, *_):
     def cell(r, s):
         sc = r["scores"].get(s) or {}
         return " / ".join(bleu(sc.get(m)) for m in ("sacrebleu", "sacrebleu_lowercased", "chrf"))
@@ -87,7 +85,7 @@ def wu2021_sacrebleu(data):
     return table(["#", "change", "validation", "test2016", "test2017", "MSCOCO"], rows)
 
 
-def ablations(data):
+def ablations(data, *_):
     rows = [[str(r["order"]), r["label"], text(r["commit"]), text(r["seed"]), count(r["updates"]),
              minutes(r["command_minutes"]), score(r, "validation", "sacrebleu"),
              score(r, "validation", "sacrebleu_lowercased"), kept(r["kept"]), text(r["note"])]
@@ -96,14 +94,14 @@ def ablations(data):
                  rows)
 
 
-def hour_greedy(data):
+def hour_greedy(data, *_):
     rows = [[str(r["order"]), r["label"], text(r["seed"]), *(bleu(r["greedy_curve"].get(str(k))) for k in GREEDY_STEPS)]
             for r in series(data, "hour")
             if any(str(k) in r.get("greedy_curve", {}) for k in GREEDY_STEPS)]
     return table(["#", "change", "seed", *(f"{k:,}" for k in GREEDY_STEPS)], rows)
 
 
-def rescoring(data):
+def rescoring(data, *_):
     runs, groups = by_id(data), {}
     for e in data["rescoring"]:
         groups.setdefault((e["run"], e["weights"]), {})[e["decoding"]] = e["validation_sacrebleu"]
@@ -112,7 +110,7 @@ def rescoring(data):
     return table(["#", "change", "seed", "checkpoints averaged", *DECODINGS], rows)
 
 
-def throughput(data):
+def throughput(data, *_):
     def seconds(e):
         if e["seconds"]:
             return " / ".join(f"{x:.1f}" for x in e["seconds"])
@@ -123,16 +121,7 @@ def throughput(data):
     return table(["study", "commit", "setting", "seconds", "epochs an hour", "note"], rows)
 
 
-def wmt14_tiny(data):
-    rows = []
-    for r in series(data, "wmt14_tiny"):
-        t = r["scores"]["test"]
-        rows.append([text(r["commit"]), count(r["updates"]), minutes(r["command_minutes"]), str(t["sentences"]),
-                     bleu(t["sacrebleu"]), bleu(t["chrf"]), bleu(t["paper_bleu"])])
-    return table(["commit", "steps", "minutes", "test sentences", "sacreBLEU", "chrF", "paper's BLEU"], rows)
-
-
 RECIPE_BLOCKS = {"multi30k_shipped": shipped, "multi30k_wu2021_runs": wu2021_runs,
                  "multi30k_wu2021_sacrebleu": wu2021_sacrebleu, "multi30k_ablations": ablations,
                  "multi30k_hour_greedy": hour_greedy, "multi30k_rescoring": rescoring,
-                 "multi30k_throughput": throughput, "multi30k_wmt14_tiny": wmt14_tiny}
+                 "multi30k_throughput": throughput}
