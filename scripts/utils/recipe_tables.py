@@ -61,7 +61,7 @@ def shipped(data, results: Path, read):
         if path.name == "multi30k_recipes.json":
             continue
         run = read(path)
-        machine = f"{run['environment']['cpu'].replace('(R)', '')}, {run['precision']}"
+        machine = f"{run['environment']['cpu'].replace('(R)', '').replace(' Processor', '')}, {run['precision']}"
         rows += [[run["recipe"], run["environment"]["commit"], str(run["seed"]), machine, count(run["updates"]),
                   minutes(run["command_minutes"]), METRIC_NAMES[metric], *(score(run, s, metric) for s in SETS)]
                  for metric in ("multi30k_bleu", "sacrebleu")]
